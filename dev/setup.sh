@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Sets up everything kthrottle needs on a fresh machine and reuses caches on a second run:
+#   - a virtualenv with the Python dependencies (keyed by a hash of pyproject.toml)
+#   - the pinned Apache Kafka jars from Maven Central (keyed by a hash of dev/pom.xml)
+# Prints nothing but progress on stderr; source it to get KTHROTTLE_VENV and KTHROTTLE_KAFKA_LIBS.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cache=${KTHROTTLE_CACHE:-$HOME/.cache/kthrottle}
+mkdir -p "$cache"
+py=${PYTHON:-python3}
+
+hash_of() { sha256sum "$@" | sha256sum | cut -c1-12; }
+
+# One setup at a time per cache (parallel shells, CI and a developer on the same machine).
+exec {lock_fd}>"$cache/.setup.lock"
+flock "$lock_fd"
+
+# --- Python virtualenv --------------------------------------------------------
+# Keyed by the dependency list alone, so editing tool settings in pyproject.toml reuses it.
+reqs=$("$py" - "$repo/pyproject.toml" <<'PY'
+import sys, tomllib
+data = tomllib.load(open(sys.argv[1], "rb"))["project"]
+reqs = list(data["dependencies"])
+for extra in sorted(data.get("optional-dependencies", {})):
+    reqs += data["optional-dependencies"][extra]
+print("\n".join(reqs))
+PY
+)
+venv="$cache/venv-$(printf '%s\n' "$reqs" | sha256sum | cut -c1-12)"
+if [ ! -f "$venv/.complete" ]; then
+  echo "setup: creating virtualenv $venv" >&2
+  rm -rf "$venv"
+  "$py" -m venv "$venv"
+  "$venv/bin/pip" install -q --upgrade pip >&2
+  # The dependencies only: the shared venv must not point at one checkout.
+  printf '%s\n' "$reqs" > "$venv/requirements.txt"
+  "$venv/bin/pip" install -q -r "$venv/requirements.txt" >&2
+  touch "$venv/.complete"
+fi
+
+# --- Kafka jars -------------------------------------------------------------------
+libs="$cache/kafka-libs-$(hash_of "$repo/dev/pom.xml")"
+if [ ! -f "$libs/.complete" ]; then
+  echo "setup: resolving Apache Kafka jars into $libs" >&2
+  rm -rf "$libs"
+  mvn -q -B -f "$repo/dev/pom.xml" dependency:copy-dependencies \
+      -DoutputDirectory="$libs" -DincludeScope=runtime >&2
+  touch "$libs/.complete"
+fi
+
+flock -u "$lock_fd"
+exec {lock_fd}>&-
+
+export KTHROTTLE_VENV="$venv"
+export KTHROTTLE_KAFKA_LIBS="$libs"
+export PATH="$venv/bin:$PATH"
+# The project is used from the checkout, never installed into the shared venv.
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"

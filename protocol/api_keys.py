@@ -1,0 +1,93 @@
+"""Kafka API keys: the ones the proxy acts on, and the name of every key it lets through.
+
+One place for this fact. Names of keys whose schemas ship with kafka-python come from those
+schemas; the few newer keys they lack are listed here so the proxy can pass them through
+(their request headers have the same layout as every other flexible request).
+"""
+
+from __future__ import annotations
+
+import enum
+from functools import cache
+from importlib import resources
+
+
+class ApiKey(enum.IntEnum):
+    """Keys the proxy decodes or changes; everything else is forwarded byte for byte."""
+
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    FIND_COORDINATOR = 10
+    SASL_HANDSHAKE = 17
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    INIT_PRODUCER_ID = 22
+    SASL_AUTHENTICATE = 36
+    CREATE_PARTITIONS = 37
+    DESCRIBE_QUORUM = 55
+    DESCRIBE_CLUSTER = 60
+    SHARE_FETCH = 78
+    SHARE_ACKNOWLEDGE = 79
+
+
+# Keys newer than the schemas kafka-python ships: passed through, never decoded.
+_EXTRA_NAMES: dict[int, str] = {
+    38: "CreateDelegationToken",
+    39: "RenewDelegationToken",
+    40: "ExpireDelegationToken",
+    41: "DescribeDelegationToken",
+    56: "AlterPartition",
+    58: "Envelope",
+    64: "UnregisterBroker",
+    67: "AllocateProducerIds",
+    68: "ConsumerGroupHeartbeat",
+    69: "ConsumerGroupDescribe",
+    71: "GetTelemetrySubscriptions",
+    72: "PushTelemetry",
+    76: "ShareGroupHeartbeat",
+    77: "ShareGroupDescribe",
+    78: "ShareFetch",
+    79: "ShareAcknowledge",
+    80: "AddRaftVoter",
+    81: "RemoveRaftVoter",
+    82: "UpdateRaftVoter",
+    83: "InitializeShareGroupState",
+    84: "ReadShareGroupState",
+    85: "WriteShareGroupState",
+    86: "DeleteShareGroupState",
+    87: "ReadShareGroupStateSummary",
+    88: "StreamsGroupHeartbeat",
+    89: "StreamsGroupDescribe",
+    90: "DescribeShareGroupOffsets",
+    91: "AlterShareGroupOffsets",
+    92: "DeleteShareGroupOffsets",
+}
+
+
+@cache
+def schema_names() -> dict[int, str]:
+    """api key -> message base name ('Produce') for every request schema kafka-python ships."""
+    import json
+    import re
+
+    names: dict[int, str] = {}
+    package = resources.files("kafka.protocol.schemas.resources")
+    for entry in package.iterdir():
+        if not entry.name.endswith("Request.json") or entry.name == "RequestHeader.json":
+            continue
+        text = re.sub(r"(?m)^\s*//.*$", "", entry.read_text(encoding="utf-8"))
+        names[int(json.loads(text)["apiKey"])] = entry.name[: -len("Request.json")]
+    return names
+
+
+@cache
+def api_name(api_key: int) -> str | None:
+    """The API's name, or None for a key the proxy does not know (such frames close the connection)."""
+    return schema_names().get(api_key) or _EXTRA_NAMES.get(api_key)
+
+
+def has_schema(api_key: int) -> bool:
+    return api_key in schema_names()

@@ -1,0 +1,238 @@
+"""Decode and encode the message bodies the proxy reads or changes.
+
+Bodies are plain dicts (see ``protocol.schema``). Everything here is a pure function of bytes
+and values: the proxy decides *when* to call them.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol.api_keys import ApiKey, api_name
+from protocol.errors import ErrorCode
+from protocol.records import iter_batches
+from protocol.schema import Buffer, SchemaError, message_codec
+from protocol.versions import ADDRESS_LEAKING_CAP, DECODED_APIS, codec_versions
+
+_I32 = struct.Struct(">i")
+
+
+def _codec_name(api_key: int, response: bool) -> str:
+    name = api_name(api_key)
+    if name is None:
+        raise SchemaError(f"unknown api key {api_key}")
+    return f"{name}{'Response' if response else 'Request'}"
+
+
+def decode(api_key: int, version: int, body: Buffer, *, response: bool) -> dict[str, Any]:
+    """Decode a whole body; trailing bytes are an error (they would be lost on re-encode)."""
+    codec = message_codec(_codec_name(api_key, response), version)
+    view = memoryview(body)
+    obj, end = codec.read(view, 0)
+    if end != len(view):
+        raise SchemaError(f"{len(view) - end} trailing bytes after {_codec_name(api_key, response)} v{version}")
+    result: dict[str, Any] = obj
+    return result
+
+
+def encode(api_key: int, version: int, obj: dict[str, Any], *, response: bool) -> bytearray:
+    out = bytearray()
+    message_codec(_codec_name(api_key, response), version).write(out, obj)
+    return out
+
+
+def decode_request(api_key: int, version: int, body: Buffer) -> dict[str, Any]:
+    return decode(api_key, version, body, response=False)
+
+
+def decode_response(api_key: int, version: int, body: Buffer) -> dict[str, Any]:
+    if api_key == ApiKey.API_VERSIONS and len(body) >= 2:
+        # A broker that does not support the requested ApiVersions version answers in v0.
+        (err,) = struct.unpack_from(">h", body, 0)
+        if err == ErrorCode.UNSUPPORTED_VERSION:
+            version = 0
+    return decode(api_key, version, body, response=True)
+
+
+def encode_response(api_key: int, version: int, obj: dict[str, Any]) -> bytearray:
+    if api_key == ApiKey.API_VERSIONS and obj.get("error_code") == ErrorCode.UNSUPPORTED_VERSION:
+        version = 0
+    return encode(api_key, version, obj, response=True)
+
+
+# --- throttle_time_ms, patched in place -------------------------------------------------------
+
+
+def throttle_time_offset(api_key: int, version: int, body: Buffer) -> int | None:
+    """Where throttle_time_ms sits in a response body, or None if this version has none."""
+    codec = message_codec(_codec_name(api_key, True), version)
+    if not codec.field_names or "throttle_time_ms" not in codec.field_names:
+        return None
+    if codec.field_names[0] == "throttle_time_ms":
+        return 0
+    _obj, _end, positions = codec.read_with_positions(memoryview(body), 0)
+    return positions.get("throttle_time_ms")
+
+
+def patch_throttle_time(api_key: int, version: int, body: bytearray, throttle_ms: int) -> int | None:
+    """Raise throttle_time_ms to at least ``throttle_ms`` without re-encoding; returns the value sent."""
+    offset = throttle_time_offset(api_key, version, body)
+    if offset is None:
+        return None
+    (current,) = _I32.unpack_from(body, offset)
+    if throttle_ms > current:
+        _I32.pack_into(body, offset, throttle_ms)
+        return throttle_ms
+    return int(current)
+
+
+# --- ApiVersions ----------------------------------------------------------------------------
+
+
+def intersect_api_versions(resp: dict[str, Any]) -> dict[str, Any]:
+    """Limit the advertised APIs to what the proxy can carry.
+
+    Decoded APIs are capped at the codec's versions; keys the proxy does not know are removed;
+    address-bearing APIs it cannot rewrite are capped or removed.
+    """
+    kept = []
+    for entry in resp.get("api_keys") or []:
+        key = entry["api_key"]
+        lo, hi = entry["min_version"], entry["max_version"]
+        if api_name(key) is None:
+            continue
+        if key in DECODED_APIS:
+            known = codec_versions(key)
+            if known is None:
+                continue
+            lo, hi = max(lo, known[0]), min(hi, known[1])
+        if key in ADDRESS_LEAKING_CAP:
+            cap = ADDRESS_LEAKING_CAP[key]
+            if cap is None:
+                continue
+            hi = min(hi, cap)
+        if lo > hi:
+            continue
+        kept.append({**entry, "min_version": lo, "max_version": hi})
+    resp["api_keys"] = kept
+    return resp
+
+
+def unsupported_api_versions_response() -> dict[str, Any]:
+    """What the proxy answers to an ApiVersions request newer than it can decode (as brokers do)."""
+    known = codec_versions(ApiKey.API_VERSIONS)
+    assert known is not None
+    return {
+        "error_code": int(ErrorCode.UNSUPPORTED_VERSION),
+        "api_keys": [{"api_key": int(ApiKey.API_VERSIONS), "min_version": known[0], "max_version": known[1]}],
+    }
+
+
+# --- broker addresses -------------------------------------------------------------------------
+
+# (node_id, host, port) -> (host, port) the client should see instead.
+AddressMap = Callable[[int, str, int], tuple[str, int]]
+
+
+def _rewrite_nodes(nodes: list[dict[str, Any]] | None, id_field: str, amap: AddressMap) -> int:
+    count = 0
+    for node in nodes or []:
+        node_id = node[id_field]
+        if node_id < 0:
+            continue
+        node["host"], node["port"] = amap(node_id, node["host"], node["port"])
+        count += 1
+    return count
+
+
+def rewrite_addresses(api_key: int, version: int, resp: dict[str, Any], amap: AddressMap) -> int:
+    """Replace every broker address in a decoded response; returns how many were rewritten."""
+    if api_key == ApiKey.METADATA:
+        return _rewrite_nodes(resp.get("brokers"), "node_id", amap)
+    if api_key == ApiKey.DESCRIBE_CLUSTER:
+        return _rewrite_nodes(resp.get("brokers"), "broker_id", amap)
+    if api_key == ApiKey.FIND_COORDINATOR:
+        if "coordinators" in resp and resp["coordinators"] is not None and version >= 4:
+            return _rewrite_nodes(resp["coordinators"], "node_id", amap)
+        if resp.get("node_id", -1) >= 0 and resp.get("error_code", 0) == 0:
+            resp["host"], resp["port"] = amap(resp["node_id"], resp["host"], resp["port"])
+            return 1
+        return 0
+    if api_key in (ApiKey.PRODUCE, ApiKey.FETCH):
+        return _rewrite_nodes(resp.get("node_endpoints"), "node_id", amap)
+    return 0
+
+
+def response_addresses(api_key: int, version: int, resp: dict[str, Any]) -> list[tuple[str, int]]:
+    """Every (host, port) a decoded response shows the client (for tests and audits)."""
+    found: list[tuple[str, int]] = []
+
+    def collect(_node_id: int, host: str, port: int) -> tuple[str, int]:
+        found.append((host, port))
+        return host, port
+
+    rewrite_addresses(api_key, version, resp, collect)
+    return found
+
+
+# --- Produce and Fetch summaries ------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class PartitionBytes:
+    topic: str | bytes  # name, or topic id (16 bytes) for versions that address topics by id
+    partition: int
+    size: int
+    record_count: int = 0
+    producer_ids: set[int] = field(default_factory=set)
+
+
+def _topic_key(topic: dict[str, Any]) -> str | bytes:
+    name = topic.get("name")
+    if name is not None:
+        return str(name)
+    return bytes(topic.get("topic_id", b""))
+
+
+def produce_request_partitions(req: dict[str, Any]) -> list[PartitionBytes]:
+    """Per-partition record-set sizes, record counts and producer ids of a Produce request."""
+    out = []
+    for topic in req.get("topic_data") or []:
+        key = _topic_key(topic)
+        for part in topic.get("partition_data") or []:
+            records = part.get("records")
+            size = len(records) if records is not None else 0
+            pb = PartitionBytes(key, part["index"], size)
+            if records is not None:
+                for batch in iter_batches(records):
+                    pb.record_count += batch.record_count
+                    if batch.producer_id >= 0:
+                        pb.producer_ids.add(batch.producer_id)
+            out.append(pb)
+    return out
+
+
+def fetch_response_partitions(resp: dict[str, Any]) -> list[PartitionBytes]:
+    """Per-partition record-set sizes in a Fetch response."""
+    out = []
+    for topic in resp.get("responses") or []:
+        key = _topic_key(topic)
+        for part in topic.get("partitions") or []:
+            records = part.get("records")
+            out.append(PartitionBytes(key, part["partition_index"], len(records) if records is not None else 0))
+    return out
+
+
+def produce_acks(req: dict[str, Any]) -> int:
+    return int(req.get("acks", -1))
+
+
+def is_known_response_error(code: int) -> bool:
+    try:
+        ErrorCode(code)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,62 @@
+"""Record batch headers read at fixed offsets: sizes, counts and producer ids, never the records.
+
+Layout of a v2 (magic 2) batch header, in bytes from the batch start:
+baseOffset 0 (8), batchLength 8 (4), partitionLeaderEpoch 12 (4), magic 16 (1), crc 17 (4),
+attributes 21 (2), lastOffsetDelta 23 (4), baseTimestamp 27 (8), maxTimestamp 35 (8),
+producerId 43 (8), producerEpoch 51 (2), baseSequence 53 (4), recordCount 57 (4); 61 in all.
+Legacy message sets (magic 0/1) have the 12-byte log overhead and no producer id.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from protocol.schema import Buffer
+
+LOG_OVERHEAD = 12  # baseOffset + batchLength
+BATCH_HEADER_SIZE = 61
+NO_PRODUCER_ID = -1
+
+_LEN = struct.Struct(">i")
+_PID_EPOCH_SEQ_COUNT = struct.Struct(">qhii")
+_ATTRIBUTES = struct.Struct(">h")
+_TRANSACTIONAL = 0x10
+_CONTROL = 0x20
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInfo:
+    size: int
+    magic: int
+    record_count: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    transactional: bool
+    control: bool
+
+
+def iter_batches(records: Buffer) -> Iterator[BatchInfo]:
+    """Yield one BatchInfo per complete batch; a trailing partial batch (fetch responses) is skipped."""
+    pos = 0
+    end = len(records)
+    while pos + LOG_OVERHEAD <= end:
+        (length,) = _LEN.unpack_from(records, pos + 8)
+        size = LOG_OVERHEAD + length
+        if length < 0 or pos + size > end:
+            return
+        magic = records[pos + 16] if pos + 17 <= end else -1
+        if magic >= 2 and size >= BATCH_HEADER_SIZE:
+            (attrs,) = _ATTRIBUTES.unpack_from(records, pos + 21)
+            pid, epoch, seq, count = _PID_EPOCH_SEQ_COUNT.unpack_from(records, pos + 43)
+            yield BatchInfo(size, magic, count, pid, epoch, seq, bool(attrs & _TRANSACTIONAL), bool(attrs & _CONTROL))
+        else:
+            yield BatchInfo(size, magic, 1, NO_PRODUCER_ID, -1, -1, False, False)
+        pos += size
+
+
+def producer_ids(records: Buffer) -> set[int]:
+    """Producer ids of the idempotent or transactional batches in a record set."""
+    return {b.producer_id for b in iter_batches(records) if b.producer_id != NO_PRODUCER_ID}

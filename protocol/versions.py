@@ -1,0 +1,99 @@
+"""API version facts: header versions, what the codec decodes, and Kafka's behavioural thresholds.
+
+One place for every version threshold; import these, never retype a number.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from protocol.api_keys import ApiKey, api_name, has_schema
+from protocol.schema import message_schema
+
+# KIP-219: from these versions on, the client backs off by itself on throttle_time_ms, so the
+# broker sends the response at once and mutes the channel; older versions get a delayed response.
+CLIENT_THROTTLES_FROM: dict[int, int] = {
+    ApiKey.PRODUCE: 6,
+    ApiKey.FETCH: 8,
+    ApiKey.METADATA: 6,
+    ApiKey.FIND_COORDINATOR: 2,
+    ApiKey.API_VERSIONS: 2,
+    ApiKey.CREATE_TOPICS: 3,
+    ApiKey.DELETE_TOPICS: 2,
+    ApiKey.INIT_PRODUCER_ID: 1,
+    ApiKey.CREATE_PARTITIONS: 1,
+    ApiKey.SASL_AUTHENTICATE: 1,
+    ApiKey.DESCRIBE_CLUSTER: 0,
+}
+
+# KIP-599: from these versions on, mutation requests over quota fail per topic with
+# THROTTLING_QUOTA_EXCEEDED (strict); older versions are always admitted (permissive).
+STRICT_MUTATION_FROM: dict[int, int] = {
+    ApiKey.CREATE_TOPICS: 6,
+    ApiKey.CREATE_PARTITIONS: 3,
+    ApiKey.DELETE_TOPICS: 5,
+}
+
+# Tagged NodeEndpoints (leader hints with broker addresses) appear in these responses.
+NODE_ENDPOINTS_FROM: dict[int, int] = {ApiKey.PRODUCE: 10, ApiKey.FETCH: 16}
+
+# Address-bearing APIs the proxy cannot rewrite: hidden from ApiVersions (or capped) so no client
+# ever learns a broker or controller address through them.
+ADDRESS_LEAKING_CAP: dict[int, int | None] = {
+    ApiKey.DESCRIBE_QUORUM: 1,  # v2+ lists the controllers' listeners
+    ApiKey.SHARE_FETCH: None,  # NodeEndpoints, no schema to rewrite them with
+    ApiKey.SHARE_ACKNOWLEDGE: None,
+}
+
+# The APIs whose messages the proxy decodes: their versions are capped at what the codec knows.
+DECODED_APIS: frozenset[int] = frozenset(
+    {
+        ApiKey.PRODUCE,
+        ApiKey.FETCH,
+        ApiKey.METADATA,
+        ApiKey.FIND_COORDINATOR,
+        ApiKey.API_VERSIONS,
+        ApiKey.CREATE_TOPICS,
+        ApiKey.DELETE_TOPICS,
+        ApiKey.CREATE_PARTITIONS,
+        ApiKey.INIT_PRODUCER_ID,
+        ApiKey.SASL_HANDSHAKE,
+        ApiKey.SASL_AUTHENTICATE,
+        ApiKey.DESCRIBE_CLUSTER,
+    }
+)
+
+
+@cache
+def codec_versions(api_key: int) -> tuple[int, int] | None:
+    """Inclusive version range the codec can decode for ``api_key`` (None: no schema)."""
+    if not has_schema(api_key):
+        return None
+    name = api_name(api_key)
+    req = message_schema(f"{name}Request")
+    resp = message_schema(f"{name}Response")
+    lo = max(req.valid[0], resp.valid[0])
+    hi = min(req.valid[1], resp.valid[1])
+    return (lo, hi) if lo <= hi else None
+
+
+@cache
+def is_flexible(api_key: int, version: int) -> bool:
+    """Whether this request/response version uses compact encodings and tagged fields.
+
+    Keys without a schema are newer than KIP-482 and flexible from their first version.
+    """
+    if not has_schema(api_key):
+        return True
+    return message_schema(f"{api_name(api_key)}Request").is_flexible(version)
+
+
+def request_header_version(api_key: int, version: int) -> int:
+    return 2 if is_flexible(api_key, version) else 1
+
+
+def response_header_version(api_key: int, version: int) -> int:
+    # ApiVersions responses keep header v0 so that a client of any version can read them.
+    if api_key == ApiKey.API_VERSIONS:
+        return 0
+    return 1 if is_flexible(api_key, version) else 0

@@ -1,0 +1,1 @@
+"""asyncio I/O: listeners, pipelines, upstream connections, admin HTTP."""

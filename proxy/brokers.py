@@ -1,0 +1,57 @@
+"""Which broker each proxy port stands for, and what address the client sees for each broker."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from proxy.config import ProxyConfig, upstream_addresses
+
+log = logging.getLogger(__name__)
+
+
+class BrokerDirectory:
+    """Real broker addresses by node id, learned from the responses passing through.
+
+    ``on_new_node`` is called the first time a node id is seen, so gateway mode can open that
+    node's listener before any client is told about it.
+    """
+
+    def __init__(self, cfg: ProxyConfig, on_new_node: Callable[[int], None] | None = None) -> None:
+        self.cfg = cfg
+        self.real: dict[int, tuple[str, int]] = {}
+        self.on_new_node = on_new_node
+        self.bootstrap = upstream_addresses(cfg)
+
+    def learn(self, node_id: int, host: str, port: int) -> None:
+        known = self.real.get(node_id)
+        if known == (host, port):
+            return
+        self.real[node_id] = (host, port)
+        if known is None:
+            log.info("learned broker node %d at %s:%d", node_id, host, port)
+            if self.on_new_node is not None:
+                self.on_new_node(node_id)
+        else:
+            log.info("broker node %d moved from %s:%d to %s:%d", node_id, *known, host, port)
+
+    def advertised(self, node_id: int, host: str, port: int) -> tuple[str, int]:
+        """Record the real address and return the proxy address clients must use instead."""
+        self.learn(node_id, host, port)
+        cfg = self.cfg
+        if cfg.mode == "sidecar":
+            assert cfg.sidecar is not None
+            # Each broker's sidecar listens on the same port in its own pod.
+            return (cfg.sidecar.advertised_host or host, cfg.sidecar.listen_port)
+        assert cfg.gateway is not None
+        proxy_port = cfg.gateway.port_for(node_id)
+        if proxy_port is None:
+            raise LookupError(f"no proxy port configured for broker node {node_id}")
+        return cfg.advertised_host, proxy_port
+
+    def upstream_for(self, node_id: int | None) -> list[tuple[str, int]]:
+        """Where a connection for ``node_id`` (None: bootstrap) goes, in the order to try."""
+        if node_id is None:
+            return list(self.bootstrap)
+        addr = self.real.get(node_id)
+        return [addr] if addr is not None else []

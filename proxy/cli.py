@@ -1,0 +1,84 @@
+"""`kthrottle` command line: run the proxy, or check a config file."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from proxy.config import ConfigError, ProxyConfig, load_config
+
+log = logging.getLogger("kthrottle")
+
+
+def _install_uvloop() -> str:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return "asyncio"
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return "uvloop"
+
+
+async def serve(cfg: ProxyConfig, ready_file: Path | None = None) -> None:
+    """Run until SIGTERM/SIGINT, then drain and return."""
+    from proxy.admin import start_admin
+    from proxy.server import ProxyServer
+
+    server = ProxyServer(cfg)
+    await server.start()
+    runner = None
+    admin_port = None
+    if cfg.admin.enabled:
+        runner, admin_port = await start_admin(server)
+        log.info("admin HTTP on %s:%d", cfg.admin.host, admin_port)
+    if ready_file is not None:
+        info = {"listeners": {n: lst.port for n, lst in server.listeners.items()}, "admin_port": admin_port}
+        tmp = ready_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(info))
+        tmp.replace(ready_file)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: draining for up to %.1fs", cfg.drain_seconds)
+    await server.stop()
+    if runner is not None:
+        await runner.cleanup()
+    log.info("stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kthrottle", description="Kafka-protocol throttling proxy")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the proxy")
+    run.add_argument("--config", required=True, type=Path, help="YAML config file")
+    run.add_argument("--ready-file", type=Path, help="write bound ports as JSON here once listening")
+    check = sub.add_parser("check-config", help="validate a config file and exit")
+    check.add_argument("config", type=Path)
+    args = parser.parse_args(argv)
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(f"kthrottle: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "check-config":
+        print(f"{args.config}: ok ({cfg.mode} mode)")
+        return 0
+    logging.basicConfig(
+        level=cfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    loop_kind = _install_uvloop()
+    log.info("kthrottle starting (%s mode, %s)", cfg.mode, loop_kind)
+    asyncio.run(serve(cfg, args.ready_file))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Prometheus metrics, all named kthrottle_*; labels are bounded (api names, listener kinds)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from protocol.api_keys import api_name
+
+
+class ProxyMetrics:
+    """One set per proxy instance (its own registry, so tests can run several proxies)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.connections_active = Gauge(
+            "kthrottle_connections_active", "Open client connections", ["listener"], registry=r
+        )
+        self.connections_total = Counter(
+            "kthrottle_connections", "Accepted client connections", ["listener"], registry=r
+        )
+        self.requests = Counter("kthrottle_requests", "Requests forwarded, by api", ["api"], registry=r)
+        self.request_bytes = Counter(
+            "kthrottle_request_bytes", "Request bytes from clients, by api", ["api"], registry=r
+        )
+        self.response_bytes = Counter(
+            "kthrottle_response_bytes", "Response bytes to clients, by api", ["api"], registry=r
+        )
+        self.upstream_errors = Counter(
+            "kthrottle_upstream_errors", "Upstream connection failures, by kind", ["kind"], registry=r
+        )
+        self.rejected_frames = Counter(
+            "kthrottle_rejected_frames", "Client connections closed for bad input, by reason", ["reason"], registry=r
+        )
+        self.rewritten_addresses = Counter(
+            "kthrottle_rewritten_addresses", "Broker addresses replaced in responses", registry=r
+        )
+        self.upstream_latency = Histogram(
+            "kthrottle_upstream_latency_seconds",
+            "Time from forwarding a request to its response arriving, by api",
+            ["api"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self._per_api: dict[int, tuple[Counter, Counter, Counter, Histogram]] = {}
+
+    def api(self, api_key: int) -> tuple[Counter, Counter, Counter, Histogram]:
+        """Children for one api key, cached: label lookups are too slow for the hot path."""
+        children = self._per_api.get(api_key)
+        if children is None:
+            name = api_name(api_key) or "unknown"
+            children = (
+                self.requests.labels(name),
+                self.request_bytes.labels(name),
+                self.response_bytes.labels(name),
+                self.upstream_latency.labels(name),
+            )
+            self._per_api[api_key] = children
+        return children

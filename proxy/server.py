@@ -1,0 +1,156 @@
+"""The proxy process: listeners, broker discovery, pipelines, graceful drain."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+from proxy.brokers import BrokerDirectory
+from proxy.config import ProxyConfig
+from proxy.metrics import ProxyMetrics
+from proxy.pipeline import Pipeline, _ClientProtocol
+from proxy.upstream_client import fetch_brokers
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Listener:
+    """A proxy port. ``node_id`` None is the bootstrap (or sidecar) port."""
+
+    name: str
+    host: str
+    port: int
+    node_id: int | None
+    server: asyncio.AbstractServer | None = field(default=None, repr=False)
+
+
+class ProxyServer:
+    def __init__(self, cfg: ProxyConfig, metrics: ProxyMetrics | None = None) -> None:
+        self.cfg = cfg
+        self.metrics = metrics or ProxyMetrics()
+        self.brokers = BrokerDirectory(cfg, on_new_node=self._on_new_node)
+        self.listeners: dict[str, Listener] = {}
+        self.pipelines: set[Pipeline] = set()
+        self.draining = False
+        self.upstream_ready = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._refresh_task: asyncio.Task[None] | None = None
+        self._opening: set[int] = set()
+
+    # --- start and stop ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Learn the brokers, open every listener, then accept clients."""
+        cfg = self.cfg
+        if cfg.mode == "gateway":
+            await self._refresh_brokers(required=False)
+            for node_id in sorted(self.brokers.real):
+                await self._open_node_listener(node_id)
+            assert cfg.gateway is not None
+            await self._open("bootstrap", cfg.gateway.bootstrap_port, None)
+        else:
+            assert cfg.sidecar is not None
+            await self._open("sidecar", cfg.sidecar.listen_port, None)
+            await self._refresh_brokers(required=False)
+        self._refresh_task = asyncio.get_running_loop().create_task(self._refresh_loop())
+
+    async def _open(self, name: str, port: int, node_id: int | None) -> Listener:
+        listener = Listener(name, self.cfg.bind_host, port, node_id)
+        loop = asyncio.get_running_loop()
+        listener.server = await loop.create_server(
+            lambda: _ClientProtocol(self, listener), self.cfg.bind_host, port, reuse_address=True, backlog=1024
+        )
+        sock = listener.server.sockets[0]
+        listener.port = sock.getsockname()[1]
+        self.listeners[name] = listener
+        log.info("listening on %s:%d (%s)", self.cfg.bind_host, listener.port, name)
+        return listener
+
+    async def _open_node_listener(self, node_id: int) -> None:
+        name = f"broker-{node_id}"
+        if name in self.listeners or node_id in self._opening or self.cfg.gateway is None:
+            return
+        port = self.cfg.gateway.port_for(node_id)
+        if port is None:
+            log.error("broker node %d has no proxy port (broker_ports / broker_port_base)", node_id)
+            return
+        self._opening.add(node_id)
+        try:
+            await self._open(name, port, node_id)
+        except OSError as exc:
+            log.error("cannot listen for broker node %d on port %d: %s", node_id, port, exc)
+        finally:
+            self._opening.discard(node_id)
+
+    def _on_new_node(self, node_id: int) -> None:
+        if self.cfg.mode != "gateway":
+            return
+        task = asyncio.get_running_loop().create_task(self._open_node_listener(node_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _refresh_brokers(self, required: bool) -> None:
+        try:
+            nodes = await fetch_brokers(self.brokers.bootstrap, self.cfg.connect_timeout_seconds)
+        except ConnectionError as exc:
+            self.upstream_ready = False
+            self.metrics.upstream_errors.labels("metadata").inc()
+            log.warning("broker discovery failed: %s", exc)
+            if required:
+                raise
+            return
+        self.upstream_ready = True
+        for node_id, host, port in nodes:
+            self.brokers.learn(node_id, host, port)
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.metadata_refresh_seconds if self.upstream_ready else 1.0)
+            await self._refresh_brokers(required=False)
+            for node_id in list(self.brokers.real):
+                await self._open_node_listener(node_id)
+
+    async def stop(self, drain_seconds: float | None = None) -> None:
+        """Stop accepting, let in-flight requests finish for a bounded time, then close all."""
+        grace = self.cfg.drain_seconds if drain_seconds is None else drain_seconds
+        self.draining = True
+        for listener in self.listeners.values():
+            if listener.server is not None:
+                listener.server.close()
+        for pipeline in list(self.pipelines):
+            pipeline.pause_client("draining")
+            if pipeline.idle:
+                pipeline.close("idle at shutdown", level=logging.INFO)
+        deadline = asyncio.get_running_loop().time() + grace
+        while self.pipelines and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        for pipeline in list(self.pipelines):
+            pipeline.close(f"drain grace of {grace}s over with {len(pipeline.in_flight)} requests in flight")
+        if self._refresh_task is not None:
+            self._refresh_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresh_task
+        for task in list(self._tasks):
+            task.cancel()
+        for listener in self.listeners.values():
+            if listener.server is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(listener.server.wait_closed(), 1.0)
+
+    # --- bookkeeping ---------------------------------------------------------------------------
+
+    def pipeline_opened(self, pipeline: Pipeline) -> None:
+        self.pipelines.add(pipeline)
+        self.metrics.connections_total.labels(pipeline.listener.name).inc()
+        self.metrics.connections_active.labels(pipeline.listener.name).inc()
+
+    def pipeline_closed(self, pipeline: Pipeline) -> None:
+        if pipeline in self.pipelines:
+            self.pipelines.discard(pipeline)
+            self.metrics.connections_active.labels(pipeline.listener.name).dec()
+
+    def port_of(self, name: str) -> int:
+        return self.listeners[name].port

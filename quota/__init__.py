@@ -1,0 +1,1 @@
+"""Quota policy: rates, token buckets, entity resolution. Sans-IO (clock injected). Grows in issue 3."""
