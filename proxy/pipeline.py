@@ -13,7 +13,7 @@ import itertools
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from protocol import messages
 from protocol.api_keys import ApiKey, api_name
@@ -55,8 +55,8 @@ class _ClientProtocol(asyncio.Protocol):
         self.pipeline: Pipeline | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.pipeline = Pipeline(self.server, self.listener, transport)
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.pipeline = Pipeline(self.server, self.listener, cast(asyncio.Transport, transport))
 
     def data_received(self, data: bytes) -> None:
         assert self.pipeline is not None
@@ -144,8 +144,7 @@ class Pipeline:
             if self.closed:
                 transport.close()
                 return
-            assert isinstance(transport, asyncio.Transport)
-            self.upstream = transport
+            self.upstream = cast(asyncio.Transport, transport)
             self.upstream_addr = f"{host}:{port}"
             for frame in self.pending:
                 self._forward(frame)

@@ -1,0 +1,158 @@
+"""Real Kafka clients driven through the proxy: create a topic, produce keyed messages with acks=all
+and idempotence, consume them back in a group. Each returns what the consumer received."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterable
+
+Message = tuple[bytes, bytes]
+
+
+def messages(n: int, tag: str) -> list[Message]:
+    return [(f"{tag}-key-{i % 17}".encode(), f"{tag}-value-{i}-{uuid.uuid4().hex}".encode()) for i in range(n)]
+
+
+# --- kafka-python -----------------------------------------------------------------------------
+
+
+def kafka_python_roundtrip(bootstrap: str, topic: str, msgs: list[Message], partitions: int = 3,
+                           replication: int = 1, timeout: float = 60) -> list[Message]:
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="it-kafka-python-admin")
+    try:
+        admin.create_topics([NewTopic(topic, partitions, replication)])
+    finally:
+        admin.close()
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=5)
+    for key, value in msgs:
+        producer.send(topic, key=key, value=value)
+    producer.flush(timeout)
+    producer.close()
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"g-{topic}",
+                             auto_offset_reset="earliest", consumer_timeout_ms=3000)
+    got: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < len(msgs) and time.monotonic() < deadline:
+        for record in consumer:
+            got.append((record.key, record.value))
+            if len(got) >= len(msgs):
+                break
+    consumer.commit()
+    consumer.close()
+    return got
+
+
+# --- aiokafka -----------------------------------------------------------------------------------
+
+
+async def _aiokafka(bootstrap: str, topic: str, msgs: list[Message], partitions: int, replication: int,
+                    timeout: float) -> list[Message]:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, replication)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        futures = [await producer.send(topic, key=k, value=v) for k, v in msgs]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"g-{topic}",
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    got: list[Message] = []
+    try:
+        deadline = time.monotonic() + timeout
+        while len(got) < len(msgs) and time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=1000)
+            for records in batch.values():
+                got.extend((r.key, r.value) for r in records)  # type: ignore[misc]
+        await consumer.commit()
+    finally:
+        await consumer.stop()
+    return got
+
+
+def aiokafka_roundtrip(bootstrap: str, topic: str, msgs: list[Message], partitions: int = 3,
+                       replication: int = 1, timeout: float = 60) -> list[Message]:
+    return asyncio.run(_aiokafka(bootstrap, topic, msgs, partitions, replication, timeout))
+
+
+# --- confluent-kafka (librdkafka) ----------------------------------------------------------------
+
+
+def confluent_roundtrip(bootstrap: str, topic: str, msgs: list[Message], partitions: int = 3,
+                        replication: int = 1, timeout: float = 60) -> list[Message]:
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.create_topics([NewTopic(topic, partitions, replication)]).values():
+        fut.result(timeout)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                         "linger.ms": 5})
+    errors: list[str] = []
+
+    def delivered(err: object, _msg: object) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    for key, value in msgs:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, on_delivery=delivered)
+                break
+            except BufferError:
+                producer.poll(0.1)
+    remaining = producer.flush(timeout)
+    assert remaining == 0 and not errors, f"undelivered={remaining} errors={errors[:3]}"
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{topic}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    got: list[Message] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(got) < len(msgs) and time.monotonic() < deadline:
+            for record in consumer.consume(num_messages=500, timeout=1.0):
+                if record.error() is None:
+                    got.append((record.key(), record.value()))
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    return got
+
+
+def confluent_brokers_seen(bootstrap: str) -> set[tuple[str, int]]:
+    """The broker addresses librdkafka learned from the metadata it received."""
+    from confluent_kafka.admin import AdminClient
+
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30)
+    return {(b.host, b.port) for b in md.brokers.values()}
+
+
+def kafka_python_brokers_seen(bootstrap: str) -> set[tuple[str, int]]:
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        consumer.topics()
+        return {(b.host, b.port) for b in consumer._client.cluster.brokers()}  # noqa: SLF001
+    finally:
+        consumer.close()
+
+
+def assert_same_messages(sent: Iterable[Message], got: Iterable[Message]) -> None:
+    sent_list, got_list = sorted(sent), sorted(got)
+    assert len(got_list) == len(sent_list), f"sent {len(sent_list)}, consumed {len(got_list)}"
+    assert got_list == sent_list
