@@ -64,8 +64,13 @@ class FrameDecoder:
 
     @property
     def buffered(self) -> int:
-        """Bytes held for a frame not yet complete (a truncated frame at close shows here)."""
+        """Payload bytes held for a frame not yet complete."""
         return len(self._buf)
+
+    @property
+    def mid_frame(self) -> bool:
+        """True while part of a frame has arrived (a peer that closes now truncated it)."""
+        return self._need >= 0 or bool(self._buf)
 
 
 def frame(payload: Buffer) -> bytes:

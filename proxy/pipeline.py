@@ -176,8 +176,9 @@ class Pipeline:
 
     def client_lost(self, exc: Exception | None) -> None:
         if not self.closed:
-            partial = self.requests.buffered
-            why = f"client disconnected mid-frame ({partial} bytes unread)" if partial else None
+            why = None
+            if self.requests.mid_frame:
+                why = f"client disconnected mid-frame ({self.requests.buffered} payload bytes unused)"
             self.close(why, level=logging.INFO)
 
     def upstream_lost(self, exc: Exception | None) -> None:
