@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dev.harness import KafkaCluster, java_command  # noqa: E402
-from dev.proxy_process import ProxyProcess, gateway_config  # noqa: E402
+from dev.harness import KafkaCluster, java_command
+from dev.proxy_process import ProxyProcess, gateway_config
 
 PRODUCER = "org.apache.kafka.tools.ProducerPerformance"
 CONSUMER = "org.apache.kafka.tools.ConsumerPerformance"
@@ -39,27 +39,58 @@ _SUMMARY = re.compile(
 
 
 def run(main: str, *args: str, timeout: float = 600) -> str:
-    proc = subprocess.run(java_command(main, *args, heap="1g"), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        java_command(main, *args, heap="1g"), capture_output=True, text=True, timeout=timeout
+    )
     if proc.returncode != 0:
-        raise RuntimeError(f"{main} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise RuntimeError(
+            f"{main} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
     return proc.stdout
 
 
 def produce(bootstrap: str, topic: str, records: int, throughput: int, acks: str = "1") -> dict[str, float]:
-    out = run(PRODUCER, "--topic", topic, "--num-records", str(records), "--record-size", "1024",
-              "--throughput", str(throughput), "--producer-props", f"bootstrap.servers={bootstrap}",
-              f"acks={acks}", "linger.ms=5", "batch.size=65536")
+    out = run(
+        PRODUCER,
+        "--topic",
+        topic,
+        "--num-records",
+        str(records),
+        "--record-size",
+        "1024",
+        "--throughput",
+        str(throughput),
+        "--producer-props",
+        f"bootstrap.servers={bootstrap}",
+        f"acks={acks}",
+        "linger.ms=5",
+        "batch.size=65536",
+    )
     match = _SUMMARY.findall(out)
     if not match:
         raise RuntimeError(f"no summary in ProducerPerformance output:\n{out[-2000:]}")
     sent, rate, avg, _mx, p50, _p95, p99 = match[-1]
-    return {"records": int(sent), "rate": float(rate), "avg_ms": float(avg), "p50_ms": float(p50),
-            "p99_ms": float(p99)}
+    return {
+        "records": int(sent),
+        "rate": float(rate),
+        "avg_ms": float(avg),
+        "p50_ms": float(p50),
+        "p99_ms": float(p99),
+    }
 
 
 def consume(bootstrap: str, topic: str, records: int) -> dict[str, float]:
-    out = run(CONSUMER, "--bootstrap-server", bootstrap, "--topic", topic, "--messages", str(records),
-              "--timeout", "120000")
+    out = run(
+        CONSUMER,
+        "--bootstrap-server",
+        bootstrap,
+        "--topic",
+        topic,
+        "--messages",
+        str(records),
+        "--timeout",
+        "120000",
+    )
     rows = [line for line in out.splitlines() if line[:1].isdigit()]
     if not rows:
         raise RuntimeError(f"no summary in ConsumerPerformance output:\n{out[-2000:]}")
@@ -68,13 +99,21 @@ def consume(bootstrap: str, topic: str, records: int) -> dict[str, float]:
     return {"records": int(cols[4]), "rate": float(cols[9]), "mb_per_s": float(cols[8])}
 
 
-def latency_probe(bootstrap: str, topic: str, seconds: float, rate: int = 5000,
-                  warmup: float = 2.0) -> dict[str, float]:
+def latency_probe(
+    bootstrap: str, topic: str, seconds: float, rate: int = 5000, warmup: float = 2.0
+) -> dict[str, float]:
     """Produce 1 KiB records at a fixed rate; latency = produce() call to delivery report."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": 1,
-                         "enable.idempotence": False, "queue.buffering.max.messages": 1_000_000})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 0,
+            "acks": 1,
+            "enable.idempotence": False,
+            "queue.buffering.max.messages": 1_000_000,
+        }
+    )
     payload = b"x" * 1024
     samples: list[float] = []
     errors = 0
@@ -106,23 +145,53 @@ def latency_probe(bootstrap: str, topic: str, seconds: float, rate: int = 5000,
     samples.sort()
     if not samples:
         raise RuntimeError("no latency samples")
-    return {"p50_ms": samples[len(samples) // 2] * 1000, "p99_ms": samples[int(len(samples) * 0.99)] * 1000,
-            "sent": i, "errors": errors, "achieved_rate": i / (seconds + warmup)}
+    return {
+        "p50_ms": samples[len(samples) // 2] * 1000,
+        "p99_ms": samples[int(len(samples) * 0.99)] * 1000,
+        "sent": i,
+        "errors": errors,
+        "achieved_rate": i / (seconds + warmup),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--records", type=int, default=400_000, help="records per throughput run")
     parser.add_argument("--latency-seconds", type=float, default=15, help="length of each 5,000 msg/s run")
     args = parser.parse_args()
 
-    with KafkaCluster(brokers=1) as cluster, ProxyProcess(gateway_config(cluster, log_level="WARNING")) as proxy:
+    with (
+        KafkaCluster(brokers=1) as cluster,
+        ProxyProcess(gateway_config(cluster, log_level="WARNING")) as proxy,
+    ):
         direct, proxied = cluster.bootstrap_servers, proxy.bootstrap
-        run(TOPIC_CMD, "--bootstrap-server", direct, "--create", "--topic", "bench", "--partitions", "6",
-            "--replication-factor", "1")
-        run(TOPIC_CMD, "--bootstrap-server", direct, "--create", "--topic", "latency", "--partitions", "1",
-            "--replication-factor", "1")
+        run(
+            TOPIC_CMD,
+            "--bootstrap-server",
+            direct,
+            "--create",
+            "--topic",
+            "bench",
+            "--partitions",
+            "6",
+            "--replication-factor",
+            "1",
+        )
+        run(
+            TOPIC_CMD,
+            "--bootstrap-server",
+            direct,
+            "--create",
+            "--topic",
+            "latency",
+            "--partitions",
+            "1",
+            "--replication-factor",
+            "1",
+        )
         # Warm up the JIT of the broker and the page cache, both ways.
         produce(direct, "bench", 50_000, -1)
         produce(proxied, "bench", 50_000, -1)
@@ -141,12 +210,18 @@ def main() -> None:
             for name, boot in order:
                 c = consume(boot, "bench", args.records)
                 cons[name].append(c["rate"])
-                print(f"round {rnd} consume {name}: {c['rate']:.0f} rec/s ({c['mb_per_s']:.1f} MB/s)", flush=True)
+                print(
+                    f"round {rnd} consume {name}: {c['rate']:.0f} rec/s ({c['mb_per_s']:.1f} MB/s)",
+                    flush=True,
+                )
             for name, boot in order:
                 r = latency_probe(boot, "latency", args.latency_seconds)
                 lat[name].append(r["p99_ms"])
-                print(f"round {rnd} 5k msg/s {name}: p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms "
-                      f"({r['achieved_rate']:.0f} msg/s, {r['errors']} errors)", flush=True)
+                print(
+                    f"round {rnd} 5k msg/s {name}: p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms "
+                    f"({r['achieved_rate']:.0f} msg/s, {r['errors']} errors)",
+                    flush=True,
+                )
 
     med = statistics.median
     figures = {

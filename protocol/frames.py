@@ -50,7 +50,9 @@ class FrameDecoder:
                 if size < 0:
                     raise FrameError(f"negative frame size {size}")
                 if size > self.max_frame_bytes:
-                    raise FrameTooLarge(f"frame of {size} bytes exceeds max_frame_bytes={self.max_frame_bytes}")
+                    raise FrameTooLarge(
+                        f"frame of {size} bytes exceeds max_frame_bytes={self.max_frame_bytes}"
+                    )
                 pos += 4
                 self._need = size
             if len(buf) - pos < self._need:

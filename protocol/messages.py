@@ -33,7 +33,9 @@ def decode(api_key: int, version: int, body: Buffer, *, response: bool) -> dict[
     view = memoryview(body)
     obj, end = codec.read(view, 0)
     if end != len(view):
-        raise SchemaError(f"{len(view) - end} trailing bytes after {_codec_name(api_key, response)} v{version}")
+        raise SchemaError(
+            f"{len(view) - end} trailing bytes after {_codec_name(api_key, response)} v{version}"
+        )
     result: dict[str, Any] = obj
     return result
 
@@ -222,7 +224,9 @@ def fetch_response_partitions(resp: dict[str, Any]) -> list[PartitionBytes]:
         key = _topic_key(topic)
         for part in topic.get("partitions") or []:
             records = part.get("records")
-            out.append(PartitionBytes(key, part["partition_index"], len(records) if records is not None else 0))
+            out.append(
+                PartitionBytes(key, part["partition_index"], len(records) if records is not None else 0)
+            )
     return out
 
 

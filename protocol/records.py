@@ -51,7 +51,9 @@ def iter_batches(records: Buffer) -> Iterator[BatchInfo]:
         if magic >= 2 and size >= BATCH_HEADER_SIZE:
             (attrs,) = _ATTRIBUTES.unpack_from(records, pos + 21)
             pid, epoch, seq, count = _PID_EPOCH_SEQ_COUNT.unpack_from(records, pos + 43)
-            yield BatchInfo(size, magic, count, pid, epoch, seq, bool(attrs & _TRANSACTIONAL), bool(attrs & _CONTROL))
+            yield BatchInfo(
+                size, magic, count, pid, epoch, seq, bool(attrs & _TRANSACTIONAL), bool(attrs & _CONTROL)
+            )
         else:
             yield BatchInfo(size, magic, 1, NO_PRODUCER_ID, -1, -1, False, False)
         pos += size

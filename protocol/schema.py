@@ -179,7 +179,7 @@ def _array(elem_read: Reader, elem_write: Writer, compact: bool) -> tuple[Reader
             raise SchemaError(f"negative array length {n}")
         if n > len(buf) - pos:  # every element takes at least one byte
             raise SchemaError(f"array length {n} exceeds the frame")
-        items = []
+        items: list[Any] = []
         append = items.append
         for _ in range(n):
             item, pos = elem_read(buf, pos)
@@ -267,11 +267,11 @@ def compile_struct(fields: list[dict[str, Any]], version: int, flexible: bool) -
             continue
         name = snake(field["name"])
         field_flexible = flexible and field.get("flexibleVersions") != "none"
-        read, write = _field_codec(field, version, field_flexible)
+        field_read, field_write = _field_codec(field, version, field_flexible)
         if flexible and _in(version, parse_versions(field.get("taggedVersions"))):
-            tagged[int(field["tag"])] = (name, read, write)
+            tagged[int(field["tag"])] = (name, field_read, field_write)
         else:
-            plain.append((name, read, write, _default(field, version)))
+            plain.append((name, field_read, field_write, _default(field, version)))
     by_name = {name: (tag, w) for tag, (name, _r, w) in tagged.items()}
     names = tuple(p[0] for p in plain) + tuple(by_name)
 

@@ -40,6 +40,6 @@ async def start_admin(server: ProxyServer) -> tuple[web.AppRunner, int]:
     await runner.setup()
     site = web.TCPSite(runner, server.cfg.admin.host, server.cfg.admin.port)
     await site.start()
-    sockets = site._server.sockets if site._server is not None else []
-    port = sockets[0].getsockname()[1] if sockets else server.cfg.admin.port
+    addresses = runner.addresses
+    port = int(addresses[0][1]) if addresses else server.cfg.admin.port
     return runner, port

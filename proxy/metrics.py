@@ -30,7 +30,10 @@ class ProxyMetrics:
             "kthrottle_upstream_errors", "Upstream connection failures, by kind", ["kind"], registry=r
         )
         self.rejected_frames = Counter(
-            "kthrottle_rejected_frames", "Client connections closed for bad input, by reason", ["reason"], registry=r
+            "kthrottle_rejected_frames",
+            "Client connections closed for bad input, by reason",
+            ["reason"],
+            registry=r,
         )
         self.rewritten_addresses = Counter(
             "kthrottle_rewritten_addresses", "Broker addresses replaced in responses", registry=r

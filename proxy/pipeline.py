@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 _ids = itertools.count(1)
 
 # Responses that may carry broker addresses or capabilities the proxy must change.
-_REWRITE_ALWAYS = frozenset({ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER})
+_REWRITE_ALWAYS = frozenset(
+    {ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER}
+)
 
 
 @dataclass(slots=True)
@@ -144,7 +146,7 @@ class Pipeline:
             if self.closed:
                 transport.close()
                 return
-            self.upstream = cast(asyncio.Transport, transport)
+            self.upstream = transport
             self.upstream_addr = f"{host}:{port}"
             for frame in self.pending:
                 self._forward(frame)
@@ -241,7 +243,9 @@ class Pipeline:
                 if key == ApiKey.API_VERSIONS:
                     self._answer_locally(header, messages.unsupported_api_versions_response())
                     return
-                self.reject(f"{api_name(key)} v{version} is not supported by the proxy", "unsupported-version")
+                self.reject(
+                    f"{api_name(key)} v{version} is not supported by the proxy", "unsupported-version"
+                )
                 return
             if key == ApiKey.PRODUCE:
                 try:
@@ -267,7 +271,9 @@ class Pipeline:
     def _answer_locally(self, header: RequestHeader, body: dict[str, Any]) -> None:
         payload = encode_response_header(header.api_key, header.api_version, header.correlation_id)
         payload += messages.encode_response(header.api_key, header.api_version, body)
-        entry = InFlight(header.api_key, header.api_version, header.correlation_id, self.loop.time(), bytes(payload))
+        entry = InFlight(
+            header.api_key, header.api_version, header.correlation_id, self.loop.time(), bytes(payload)
+        )
         self.in_flight.append(entry)
         self._flush_local()
 
@@ -305,7 +311,9 @@ class Pipeline:
             self.close(f"response correlation id {correlation_id} != expected {entry.correlation_id}")
             return
         key = entry.api_key
-        if key in _REWRITE_ALWAYS or (key in NODE_ENDPOINTS_FROM and entry.api_version >= NODE_ENDPOINTS_FROM[key]):
+        if key in _REWRITE_ALWAYS or (
+            key in NODE_ENDPOINTS_FROM and entry.api_version >= NODE_ENDPOINTS_FROM[key]
+        ):
             try:
                 frame = self._rewrite(entry, frame)
             except (SchemaError, FrameError, LookupError) as exc:

@@ -61,7 +61,11 @@ class ProxyServer:
         listener = Listener(name, self.cfg.bind_host, port, node_id)
         loop = asyncio.get_running_loop()
         listener.server = await loop.create_server(
-            lambda: _ClientProtocol(self, listener), self.cfg.bind_host, port, reuse_address=True, backlog=1024
+            lambda: _ClientProtocol(self, listener),
+            self.cfg.bind_host,
+            port,
+            reuse_address=True,
+            backlog=1024,
         )
         sock = listener.server.sockets[0]
         listener.port = sock.getsockname()[1]

@@ -40,8 +40,12 @@ async def fetch_brokers(addresses: list[tuple[str, int]], timeout: float) -> lis
     for host, port in addresses:
         try:
             resp = await request(
-                host, port, ApiKey.METADATA, METADATA_VERSION,
-                {"topics": [], "allow_auto_topic_creation": False}, timeout,
+                host,
+                port,
+                ApiKey.METADATA,
+                METADATA_VERSION,
+                {"topics": [], "allow_auto_topic_creation": False},
+                timeout,
             )
         except (TimeoutError, OSError, asyncio.IncompleteReadError, ConnectionError) as exc:
             last = exc

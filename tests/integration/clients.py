@@ -12,14 +12,22 @@ Message = tuple[bytes, bytes]
 
 
 def messages(n: int, tag: str) -> list[Message]:
-    return [(f"{tag}-key-{i % 17}".encode(), f"{tag}-value-{i}-{uuid.uuid4().hex}".encode()) for i in range(n)]
+    return [
+        (f"{tag}-key-{i % 17}".encode(), f"{tag}-value-{i}-{uuid.uuid4().hex}".encode()) for i in range(n)
+    ]
 
 
 # --- kafka-python -----------------------------------------------------------------------------
 
 
-def kafka_python_roundtrip(bootstrap: str, topic: str, msgs: list[Message], partitions: int = 3,
-                           replication: int = 1, timeout: float = 60) -> list[Message]:
+def kafka_python_roundtrip(
+    bootstrap: str,
+    topic: str,
+    msgs: list[Message],
+    partitions: int = 3,
+    replication: int = 1,
+    timeout: float = 60,
+) -> list[Message]:
     from kafka import KafkaConsumer, KafkaProducer
     from kafka.admin import KafkaAdminClient, NewTopic
 
@@ -33,8 +41,13 @@ def kafka_python_roundtrip(bootstrap: str, topic: str, msgs: list[Message], part
         producer.send(topic, key=key, value=value)
     producer.flush(timeout)
     producer.close()
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"g-{topic}",
-                             auto_offset_reset="earliest", consumer_timeout_ms=3000)
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"g-{topic}",
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=3000,
+    )
     got: list[Message] = []
     deadline = time.monotonic() + timeout
     while len(got) < len(msgs) and time.monotonic() < deadline:
@@ -50,8 +63,9 @@ def kafka_python_roundtrip(bootstrap: str, topic: str, msgs: list[Message], part
 # --- aiokafka -----------------------------------------------------------------------------------
 
 
-async def _aiokafka(bootstrap: str, topic: str, msgs: list[Message], partitions: int, replication: int,
-                    timeout: float) -> list[Message]:
+async def _aiokafka(
+    bootstrap: str, topic: str, msgs: list[Message], partitions: int, replication: int, timeout: float
+) -> list[Message]:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
@@ -68,8 +82,9 @@ async def _aiokafka(bootstrap: str, topic: str, msgs: list[Message], partitions:
         await asyncio.gather(*futures)
     finally:
         await producer.stop()
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"g-{topic}",
-                                auto_offset_reset="earliest")
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, group_id=f"g-{topic}", auto_offset_reset="earliest"
+    )
     await consumer.start()
     got: list[Message] = []
     try:
@@ -84,24 +99,37 @@ async def _aiokafka(bootstrap: str, topic: str, msgs: list[Message], partitions:
     return got
 
 
-def aiokafka_roundtrip(bootstrap: str, topic: str, msgs: list[Message], partitions: int = 3,
-                       replication: int = 1, timeout: float = 60) -> list[Message]:
+def aiokafka_roundtrip(
+    bootstrap: str,
+    topic: str,
+    msgs: list[Message],
+    partitions: int = 3,
+    replication: int = 1,
+    timeout: float = 60,
+) -> list[Message]:
     return asyncio.run(_aiokafka(bootstrap, topic, msgs, partitions, replication, timeout))
 
 
 # --- confluent-kafka (librdkafka) ----------------------------------------------------------------
 
 
-def confluent_roundtrip(bootstrap: str, topic: str, msgs: list[Message], partitions: int = 3,
-                        replication: int = 1, timeout: float = 60) -> list[Message]:
+def confluent_roundtrip(
+    bootstrap: str,
+    topic: str,
+    msgs: list[Message],
+    partitions: int = 3,
+    replication: int = 1,
+    timeout: float = 60,
+) -> list[Message]:
     from confluent_kafka import Consumer, Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for fut in admin.create_topics([NewTopic(topic, partitions, replication)]).values():
         fut.result(timeout)
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-                         "linger.ms": 5})
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5}
+    )
     errors: list[str] = []
 
     def delivered(err: object, _msg: object) -> None:
@@ -117,8 +145,14 @@ def confluent_roundtrip(bootstrap: str, topic: str, msgs: list[Message], partiti
                 producer.poll(0.1)
     remaining = producer.flush(timeout)
     assert remaining == 0 and not errors, f"undelivered={remaining} errors={errors[:3]}"
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{topic}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"g-{topic}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     got: list[Message] = []
     deadline = time.monotonic() + timeout
@@ -147,7 +181,7 @@ def kafka_python_brokers_seen(bootstrap: str) -> set[tuple[str, int]]:
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)
     try:
         consumer.topics()
-        return {(b.host, b.port) for b in consumer._client.cluster.brokers()}  # noqa: SLF001
+        return {(b.host, b.port) for b in consumer._client.cluster.brokers()}
     finally:
         consumer.close()
 

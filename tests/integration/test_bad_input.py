@@ -55,7 +55,9 @@ CASES = {
     "size-negative": (struct.pack(">I", 0x80000000) + b"\x00" * 64, False, "negative frame size"),
     "too-short-for-header": (struct.pack(">i", 4) + b"\x00\x03\x00\x01", False, "too short for a header"),
     "unknown-api-key": (
-        (lambda p: struct.pack(">i", len(p)) + p)(_header(999, 0) + b"\x00" * 8), False, "unknown api key 999"
+        (lambda p: struct.pack(">i", len(p)) + p)(_header(999, 0) + b"\x00" * 8),
+        False,
+        "unknown api key 999",
     ),
     "garbage-after-produce-header": (
         (lambda p: struct.pack(">i", len(p)) + p)(_header(0, 9) + b"\x00" + b"\xff" * 40),
@@ -78,7 +80,6 @@ def test_bad_input_closes_only_that_connection(proxy: ProxyProcess) -> None:
 
     topic = f"bad-input-{uuid.uuid4().hex[:8]}"
     producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, acks="all", enable_idempotence=True)
-    sent = 0
     for name, (payload, hang_up, log_text) in CASES.items():
         bad = socket.create_connection(("127.0.0.1", proxy.ports["bootstrap"]), timeout=10)
         bad.sendall(payload)
@@ -91,11 +92,11 @@ def test_bad_input_closes_only_that_connection(proxy: ProxyProcess) -> None:
         assert "closed" in line, line
         # The well-behaved client on its own connection is unaffected.
         producer.send(topic, key=name.encode(), value=b"after " + name.encode()).get(timeout=30)
-        sent += 1
     producer.close()
 
-    consumer = KafkaConsumer(topic, bootstrap_servers=proxy.bootstrap, auto_offset_reset="earliest",
-                             consumer_timeout_ms=5000)
+    consumer = KafkaConsumer(
+        topic, bootstrap_servers=proxy.bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=5000
+    )
     keys = {record.key.decode() for record in consumer}
     consumer.close()
     assert keys == set(CASES)

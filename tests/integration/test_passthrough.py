@@ -63,22 +63,47 @@ def test_clients_only_see_proxy_addresses(proxy: ProxyProcess, kafka_broker: Kaf
 def test_java_tools_through_proxy(proxy: ProxyProcess) -> None:
     topic = _topic("java")
     boot = ["--bootstrap-server", proxy.bootstrap]
-    created = run_tool("org.apache.kafka.tools.TopicCommand", *boot, "--create", "--topic", topic,
-                       "--partitions", "3", "--replication-factor", "1")
+    created = run_tool(
+        "org.apache.kafka.tools.TopicCommand",
+        *boot,
+        "--create",
+        "--topic",
+        topic,
+        "--partitions",
+        "3",
+        "--replication-factor",
+        "1",
+    )
     assert created.returncode == 0, created.stderr
     described = run_tool("org.apache.kafka.tools.TopicCommand", *boot, "--describe", "--topic", topic)
     assert described.returncode == 0, described.stderr
     assert described.stdout.count("Partition:") == 3
     produced = run_tool(
-        "org.apache.kafka.tools.ProducerPerformance", "--topic", topic, "--num-records", "20000",
-        "--record-size", "512", "--throughput", "-1",
-        "--producer-props", f"bootstrap.servers={proxy.bootstrap}", "acks=all", "enable.idempotence=true",
+        "org.apache.kafka.tools.ProducerPerformance",
+        "--topic",
+        topic,
+        "--num-records",
+        "20000",
+        "--record-size",
+        "512",
+        "--throughput",
+        "-1",
+        "--producer-props",
+        f"bootstrap.servers={proxy.bootstrap}",
+        "acks=all",
+        "enable.idempotence=true",
     )
     assert produced.returncode == 0, produced.stderr
     assert re.search(r"^20000 records sent", produced.stdout, re.M), produced.stdout
     consumed = run_tool(
-        "org.apache.kafka.tools.ConsumerPerformance", *boot, "--topic", topic, "--messages", "20000",
-        "--timeout", "60000",
+        "org.apache.kafka.tools.ConsumerPerformance",
+        *boot,
+        "--topic",
+        topic,
+        "--messages",
+        "20000",
+        "--timeout",
+        "60000",
     )
     assert consumed.returncode == 0, consumed.stderr
     # Summary line: start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, ...
@@ -103,7 +128,8 @@ def _own_tcp_peers() -> set[int]:
     ports = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            lines = open(table).read().splitlines()[1:]
+            with open(table) as fh:
+                lines = fh.read().splitlines()[1:]
         except OSError:
             continue
         for line in lines:

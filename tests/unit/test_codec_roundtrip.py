@@ -59,7 +59,9 @@ def test_unknown_tags_survive_in_nested_structs() -> None:
     codec = message_codec("MetadataResponse", 12)
     obj = {
         "throttle_time_ms": 0,
-        "brokers": [{"node_id": 1, "host": "b1", "port": 9092, "rack": None, UNKNOWN_TAGS: {77: b"\x01\x02"}}],
+        "brokers": [
+            {"node_id": 1, "host": "b1", "port": 9092, "rack": None, UNKNOWN_TAGS: {77: b"\x01\x02"}}
+        ],
         "cluster_id": "c",
         "controller_id": 1,
         "topics": [],

@@ -42,7 +42,10 @@ def test_metadata_rewrite_keeps_unknown_tags() -> None:
         UNKNOWN_TAGS: {42: b"\x00\x01top"},
     }
     out = _roundtrip(ApiKey.METADATA, 12, resp)
-    assert [(b["host"], b["port"]) for b in out["brokers"]] == [("proxy.example", 7001), ("proxy.example", 7002)]
+    assert [(b["host"], b["port"]) for b in out["brokers"]] == [
+        ("proxy.example", 7001),
+        ("proxy.example", 7002),
+    ]
     assert out["brokers"][0][UNKNOWN_TAGS] == {9: b"keep-me"}
     assert out[UNKNOWN_TAGS] == {42: b"\x00\x01top"}
     assert out["brokers"][0]["rack"] == "a"
@@ -50,13 +53,27 @@ def test_metadata_rewrite_keeps_unknown_tags() -> None:
 
 @pytest.mark.parametrize("version", [0, 3])
 def test_find_coordinator_single(version: int) -> None:
-    resp = {"throttle_time_ms": 0, "error_code": 0, "error_message": None, "node_id": 3, "host": "b3", "port": 1}
+    resp = {
+        "throttle_time_ms": 0,
+        "error_code": 0,
+        "error_message": None,
+        "node_id": 3,
+        "host": "b3",
+        "port": 1,
+    }
     out = _roundtrip(ApiKey.FIND_COORDINATOR, version, resp)
     assert (out["host"], out["port"]) == ("proxy.example", 7003)
 
 
 def test_find_coordinator_error_left_alone() -> None:
-    resp = {"throttle_time_ms": 0, "error_code": 15, "error_message": "x", "node_id": -1, "host": "", "port": -1}
+    resp = {
+        "throttle_time_ms": 0,
+        "error_code": 15,
+        "error_message": "x",
+        "node_id": -1,
+        "host": "",
+        "port": -1,
+    }
     out = _roundtrip(ApiKey.FIND_COORDINATOR, 3, resp)
     assert (out["host"], out["port"]) == ("", -1)
 
@@ -75,20 +92,33 @@ def test_find_coordinator_batched() -> None:
 
 def test_describe_cluster() -> None:
     resp = {
-        "throttle_time_ms": 0, "error_code": 0, "error_message": None, "cluster_id": "c", "controller_id": 1,
-        "brokers": [{"broker_id": 5, "host": "b5", "port": 9092, "rack": None}], "cluster_authorized_operations": 0,
+        "throttle_time_ms": 0,
+        "error_code": 0,
+        "error_message": None,
+        "cluster_id": "c",
+        "controller_id": 1,
+        "brokers": [{"broker_id": 5, "host": "b5", "port": 9092, "rack": None}],
+        "cluster_authorized_operations": 0,
     }
     out = _roundtrip(ApiKey.DESCRIBE_CLUSTER, 0, resp)
     assert (out["brokers"][0]["host"], out["brokers"][0]["port"]) == ("proxy.example", 7005)
 
 
-@pytest.mark.parametrize(("api_key", "version"), [(ApiKey.PRODUCE, 10), (ApiKey.PRODUCE, 12), (ApiKey.FETCH, 16)])
+@pytest.mark.parametrize(
+    ("api_key", "version"), [(ApiKey.PRODUCE, 10), (ApiKey.PRODUCE, 12), (ApiKey.FETCH, 16)]
+)
 def test_node_endpoints_in_produce_and_fetch(api_key: int, version: int) -> None:
     endpoints = [{"node_id": 2, "host": "10.1.1.2", "port": 9092, "rack": None}]
     if api_key == ApiKey.PRODUCE:
         resp: dict[str, Any] = {"responses": [], "throttle_time_ms": 0, "node_endpoints": endpoints}
     else:
-        resp = {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": [], "node_endpoints": endpoints}
+        resp = {
+            "throttle_time_ms": 0,
+            "error_code": 0,
+            "session_id": 0,
+            "responses": [],
+            "node_endpoints": endpoints,
+        }
     out = _roundtrip(api_key, version, resp)
     assert [(e["host"], e["port"]) for e in out["node_endpoints"]] == [("proxy.example", 7002)]
     assert messages.response_addresses(api_key, version, out) == [("proxy.example", 7002)]
@@ -120,11 +150,15 @@ def test_api_versions_unsupported_answer_is_v0() -> None:
     assert decoded["api_keys"][0]["api_key"] == ApiKey.API_VERSIONS
 
 
-@pytest.mark.parametrize(("api_key", "version"), [(ApiKey.PRODUCE, 9), (ApiKey.PRODUCE, 5), (ApiKey.FETCH, 12)])
+@pytest.mark.parametrize(
+    ("api_key", "version"), [(ApiKey.PRODUCE, 9), (ApiKey.PRODUCE, 5), (ApiKey.FETCH, 12)]
+)
 def test_throttle_patched_in_place(api_key: int, version: int) -> None:
     if api_key == ApiKey.PRODUCE:
         resp: dict[str, Any] = {
-            "responses": [{"name": "t", "partition_responses": [{"index": 0, "error_code": 0, "base_offset": 5}]}],
+            "responses": [
+                {"name": "t", "partition_responses": [{"index": 0, "error_code": 0, "base_offset": 5}]}
+            ],
             "throttle_time_ms": 3,
         }
     else:
@@ -141,8 +175,13 @@ def _batch(producer_id: int) -> bytes:
     from kafka.record.default_records import DefaultRecordBatchBuilder
 
     builder = DefaultRecordBatchBuilder(
-        magic=2, compression_type=0, is_transactional=False, producer_id=producer_id, producer_epoch=0,
-        base_sequence=0 if producer_id >= 0 else -1, batch_size=1 << 20,
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=producer_id,
+        producer_epoch=0,
+        base_sequence=0 if producer_id >= 0 else -1,
+        batch_size=1 << 20,
     )
     for i in range(3):
         builder.append(i, timestamp=1000 + i, key=b"k", value=b"v" * 10, headers=[])
@@ -162,7 +201,9 @@ def test_batch_headers_give_sizes_counts_and_producer_ids() -> None:
 def test_produce_request_summary() -> None:
     records = _batch(9)
     req = {
-        "transactional_id": None, "acks": -1, "timeout_ms": 1000,
+        "transactional_id": None,
+        "acks": -1,
+        "timeout_ms": 1000,
         "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": records}]}],
     }
     wire = messages.encode(ApiKey.PRODUCE, 9, req, response=False)

@@ -110,11 +110,14 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(frames=st.lists(request_frames(), min_size=1, max_size=8),
-       replies=st.lists(st.binary(max_size=200), min_size=8, max_size=8),
-       split=st.integers(1, 64))
-def test_unchanged_frames_pass_byte_for_byte(harness: Harness, frames: list[bytes], replies: list[bytes],
-                                             split: int) -> None:
+@given(
+    frames=st.lists(request_frames(), min_size=1, max_size=8),
+    replies=st.lists(st.binary(max_size=200), min_size=8, max_size=8),
+    split=st.integers(1, 64),
+)
+def test_unchanged_frames_pass_byte_for_byte(
+    harness: Harness, frames: list[bytes], replies: list[bytes], split: int
+) -> None:
     stub = harness.stub
     stub.received.clear()
     stub.sent.clear()

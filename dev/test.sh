@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Sets up everything (virtualenv, Kafka jars; cached after the first run) and runs the whole
+# test suite: lint, types, unit tests, and integration tests against a real Apache Kafka broker.
+# Extra arguments go to pytest, e.g. `bash dev/test.sh -k passthrough`.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=dev/setup.sh
+source dev/setup.sh
+export SPARK_LOCAL_IP=127.0.0.1
+
+echo "== ruff" >&2
+ruff check protocol quota proxy analytics dev tests bench
+echo "== mypy" >&2
+mypy
+echo "== pytest" >&2
+exec python -m pytest -p no:cacheprovider -q -ra "$@"
