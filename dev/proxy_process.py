@@ -55,7 +55,9 @@ def sidecar_config(cluster: KafkaCluster, node_id: int = 1, **overrides: Any) ->
 class ProxyProcess:
     """``kthrottle run`` in a subprocess; ready once it has written its bound ports."""
 
-    def __init__(self, config: dict[str, Any], workdir: Path | None = None, python: str = sys.executable) -> None:
+    def __init__(
+        self, config: dict[str, Any], workdir: Path | None = None, python: str = sys.executable
+    ) -> None:
         self.config = config
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="kthrottle-proxy-")
         self.workdir = workdir or Path(self._tmp.name)  # type: ignore[union-attr]
@@ -75,9 +77,20 @@ class ProxyProcess:
         env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [self.python, "-m", "proxy.cli", "run", "--config", str(self.config_path),
-                 "--ready-file", str(self.ready_path)],
-                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                [
+                    self.python,
+                    "-m",
+                    "proxy.cli",
+                    "run",
+                    "--config",
+                    str(self.config_path),
+                    "--ready-file",
+                    str(self.ready_path),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO,
             )
         deadline = time.monotonic() + timeout
         while not self.ready_path.exists():

@@ -3,6 +3,7 @@
 #   - a virtualenv with the Python dependencies (keyed by a hash of pyproject.toml)
 #   - the pinned Apache Kafka jars from Maven Central (keyed by a hash of dev/pom.xml)
 # Prints nothing but progress on stderr; source it to get KTHROTTLE_VENV and KTHROTTLE_KAFKA_LIBS.
+_kthrottle_saved_opts=$(set +o)   # restored at the end: sourcing must not change the caller's shell
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${KTHROTTLE_CACHE:-$HOME/.cache/kthrottle}
@@ -56,3 +57,5 @@ export KTHROTTLE_KAFKA_LIBS="$libs"
 export PATH="$venv/bin:$PATH"
 # The project is used from the checkout, never installed into the shared venv.
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+eval "$_kthrottle_saved_opts"
+unset _kthrottle_saved_opts

@@ -1,0 +1,141 @@
+"""Start, stop and failure behaviour of the proxy process: sidecar mode, drain on SIGTERM,
+upstream down or dropping, readiness, and config errors refused at load."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dev.harness import KafkaCluster, free_port
+from dev.proxy_process import REPO, ProxyProcess, gateway_config, sidecar_config
+from tests.integration.clients import assert_same_messages, kafka_python_roundtrip, messages
+
+pytestmark = pytest.mark.integration
+
+
+def _api_versions_request() -> bytes:
+    payload = struct.pack(">hhih", 18, 0, 1, 4) + b"test"
+    return struct.pack(">i", len(payload)) + payload
+
+
+@pytest.mark.timeout(120)
+def test_sidecar_mode(kafka_broker: KafkaCluster) -> None:
+    with ProxyProcess(sidecar_config(kafka_broker)) as proxy:
+        msgs = messages(200, "sidecar")
+        assert_same_messages(msgs, kafka_python_roundtrip(proxy.bootstrap, f"sc-{uuid.uuid4().hex[:6]}", msgs))
+        from tests.integration.clients import kafka_python_brokers_seen
+
+        assert {port for _h, port in kafka_python_brokers_seen(proxy.bootstrap)} == {proxy.ports["sidecar"]}
+
+
+@pytest.mark.timeout(120)
+def test_upstream_down_closes_client_never_hangs(tmp_path: Path) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    cfg = {
+        "mode": "gateway",
+        "gateway": {"bootstrap_port": free_port(), "broker_port_base": None, "broker_ports": {1: free_port()},
+                    "upstream_bootstrap": [dead]},
+        "admin": {"port": free_port()},
+        "connect_timeout_seconds": 2,
+    }
+    with ProxyProcess(cfg, workdir=tmp_path) as proxy:
+        status, body = proxy.admin_get("/readyz")
+        assert status == 503 and '"upstream_reachable": false' in body
+        sock = socket.create_connection(("127.0.0.1", proxy.ports["bootstrap"]), timeout=10)
+        sock.sendall(_api_versions_request())
+        started = time.monotonic()
+        assert sock.recv(100) == b""  # closed, well before the socket timeout
+        assert time.monotonic() - started < 8
+        sock.close()
+
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        # A real client gets its own timeout error (the proxy closes each attempt at once).
+        with pytest.raises(KafkaException):
+            AdminClient({"bootstrap.servers": proxy.bootstrap}).list_topics(timeout=5)
+        assert "no upstream broker reachable" in proxy.log_text()
+        assert proxy.metric("kthrottle_upstream_errors_total", {"kind": "connect"}) >= 1
+
+
+@pytest.mark.timeout(180)
+def test_upstream_drop_closes_client(tmp_path: Path) -> None:
+    with KafkaCluster(brokers=1, workdir=tmp_path / "kafka") as cluster, \
+            ProxyProcess(gateway_config(cluster), workdir=tmp_path / "proxy") as proxy:
+        sock = socket.create_connection(("127.0.0.1", proxy.ports["bootstrap"]), timeout=30)
+        sock.sendall(_api_versions_request())
+        (size,) = struct.unpack(">i", sock.recv(4))
+        assert size > 0
+        remaining = size
+        while remaining:
+            remaining -= len(sock.recv(remaining))
+        cluster.stop_node(1, kill=True)
+        assert sock.recv(100) == b""
+        sock.close()
+        deadline = time.monotonic() + 10
+        while "closed the connection" not in proxy.log_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "upstream" in proxy.log_text() and "closed the connection" in proxy.log_text()
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_drains_and_exits(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
+    from kafka import KafkaProducer
+
+    proxy = ProxyProcess(gateway_config(kafka_broker, drain_seconds=5), workdir=tmp_path).start()
+    topic = f"drain-{uuid.uuid4().hex[:6]}"
+    producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, acks="all", retries=0)
+    acked: list[int] = []
+    failed: list[int] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        i = 0
+        while not stop.is_set():
+            fut = producer.send(topic, value=str(i).encode())
+            fut.add_callback(lambda _md, i=i: acked.append(i))
+            fut.add_errback(lambda _exc, i=i: failed.append(i))
+            i += 1
+            time.sleep(0.002)
+
+    worker = threading.Thread(target=produce, daemon=True)
+    worker.start()
+    time.sleep(2)
+    assert proxy.proc is not None
+    began = time.monotonic()
+    proxy.proc.send_signal(signal.SIGTERM)
+    code = proxy.proc.wait(30)
+    took = time.monotonic() - began
+    stop.set()
+    worker.join(5)
+    producer.close(timeout=5)
+    assert code == 0
+    assert took < 5 + 5
+    assert acked, "nothing was produced before shutdown"
+    log = proxy.log_text()
+    assert "shutting down" in log and "stopped" in log
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", proxy.ports["bootstrap"]), timeout=2)
+
+
+def test_bad_config_is_refused_with_line_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("mode: gateway\ngateway:\n  bootstrap_port: 99999\n  upstream_bootstrap: [localhost:9092]\n")
+    proc = subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", str(bad)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert f"{bad}:3: gateway.bootstrap_port" in proc.stderr
+    good = tmp_path / "good.yaml"
+    good.write_text("mode: sidecar\nsidecar: {upstream: '127.0.0.1:9093'}\n")
+    proc = subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", str(good)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
