@@ -3,6 +3,7 @@ upstream down or dropping, readiness, and config errors refused at load."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import struct
@@ -117,7 +118,8 @@ def test_sigterm_drains_and_exits(kafka_broker: KafkaCluster, tmp_path: Path) ->
     took = time.monotonic() - began
     stop.set()
     worker.join(5)
-    producer.close(timeout=5)
+    with contextlib.suppress(Exception):  # records sent after the proxy left cannot be delivered
+        producer.close(timeout=5)
     assert code == 0
     assert took < 5 + 5
     assert acked, "nothing was produced before shutdown"
