@@ -28,51 +28,104 @@ class FrameTooLarge(FrameError):
 
 
 class FrameDecoder:
-    """Accumulates bytes and splits them into frames (payloads without the size prefix)."""
+    """Splits a byte stream into frames (payloads without the size prefix).
 
-    __slots__ = ("_buf", "_need", "max_frame_bytes")
+    Two ways in: ``feed(data)`` for bytes that already arrived, or the buffered pair
+    ``get_buffer()`` / ``written(n)`` for an ``asyncio.BufferedProtocol``, where the socket reads
+    straight into the decoder's memory. Small frames are gathered in a scratch buffer; a large
+    frame gets its own buffer of exactly its size, allocated once its size prefix is checked,
+    and the socket then writes its payload directly into it: no copy in user space.
+    """
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    __slots__ = ("_big", "_big_filled", "_end", "_scratch", "_start", "big_frame_bytes", "max_frame_bytes")
+
+    def __init__(
+        self,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        scratch_bytes: int = 256 * 1024,
+        big_frame_bytes: int = 64 * 1024,
+    ) -> None:
         self.max_frame_bytes = max_frame_bytes
-        self._buf = bytearray()
-        self._need = -1  # payload size of the frame being read, -1 while reading the prefix
+        self.big_frame_bytes = min(big_frame_bytes, scratch_bytes // 2)
+        self._scratch = bytearray(scratch_bytes)
+        self._start = 0  # unconsumed bytes are scratch[start:end]
+        self._end = 0
+        self._big: bytearray | None = None  # payload of a large frame being filled
+        self._big_filled = 0
+
+    def get_buffer(self) -> memoryview:
+        """Where the next bytes read from the socket should go (never empty)."""
+        if self._big is not None:
+            return memoryview(self._big)[self._big_filled :]
+        if self._end == len(self._scratch):
+            self._compact()
+        return memoryview(self._scratch)[self._end :]
+
+    def written(self, n: int) -> list[bytearray]:
+        """``n`` bytes were written into the last buffer; returns the frames now complete."""
+        if self._big is not None:
+            self._big_filled += n
+            if self._big_filled < len(self._big):
+                return []
+            frames = [self._big]
+            self._big = None
+        else:
+            self._end += n
+            frames = []
+        self._split(frames)
+        return frames
 
     def feed(self, data: Buffer) -> list[bytearray]:
-        buf = self._buf
-        buf += data
+        view = memoryview(data)
         frames: list[bytearray] = []
-        pos = 0
-        while True:
-            if self._need < 0:
-                if len(buf) - pos < 4:
-                    break
-                (size,) = SIZE.unpack_from(buf, pos)
-                if size < 0:
-                    raise FrameError(f"negative frame size {size}")
-                if size > self.max_frame_bytes:
-                    raise FrameTooLarge(
-                        f"frame of {size} bytes exceeds max_frame_bytes={self.max_frame_bytes}"
-                    )
-                pos += 4
-                self._need = size
-            if len(buf) - pos < self._need:
-                break
-            frames.append(buf[pos : pos + self._need])
-            pos += self._need
-            self._need = -1
-        if pos:
-            del buf[:pos]
+        while view:
+            target = self.get_buffer()
+            n = min(len(target), len(view))
+            target[:n] = view[:n]
+            view = view[n:]
+            frames.extend(self.written(n))
         return frames
+
+    def _split(self, frames: list[bytearray]) -> None:
+        scratch = self._scratch
+        while self._end - self._start >= 4:
+            (size,) = SIZE.unpack_from(scratch, self._start)
+            if size < 0:
+                raise FrameError(f"negative frame size {size}")
+            if size > self.max_frame_bytes:
+                raise FrameTooLarge(f"frame of {size} bytes exceeds max_frame_bytes={self.max_frame_bytes}")
+            begin = self._start + 4
+            have = self._end - begin
+            if have >= size:
+                frames.append(scratch[begin : begin + size])
+                self._start = begin + size
+                continue
+            if size >= self.big_frame_bytes:
+                big = bytearray(size)
+                big[:have] = scratch[begin : self._end]
+                self._big, self._big_filled = big, have
+                self._start = self._end = 0
+                return
+            break
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._start > len(scratch) // 2:
+            self._compact()
+
+    def _compact(self) -> None:
+        pending = self._end - self._start
+        self._scratch[:pending] = self._scratch[self._start : self._end]
+        self._start, self._end = 0, pending
 
     @property
     def buffered(self) -> int:
-        """Payload bytes held for a frame not yet complete."""
-        return len(self._buf)
+        """Bytes held for a frame not yet complete."""
+        return self._big_filled if self._big is not None else self._end - self._start
 
     @property
     def mid_frame(self) -> bool:
         """True while part of a frame has arrived (a peer that closes now truncated it)."""
-        return self._need >= 0 or bool(self._buf)
+        return self._big is not None or self._end > self._start
 
 
 def frame(payload: Buffer) -> bytes:

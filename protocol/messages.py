@@ -15,7 +15,7 @@ from protocol.api_keys import ApiKey, api_name
 from protocol.errors import ErrorCode
 from protocol.records import iter_batches
 from protocol.schema import Buffer, SchemaError, message_codec
-from protocol.versions import ADDRESS_LEAKING_CAP, DECODED_APIS, codec_versions
+from protocol.versions import ADDRESS_LEAKING_CAP, ADVERTISED_BELOW_ACCEPTED, DECODED_APIS, codec_versions
 
 _I32 = struct.Struct(">i")
 
@@ -110,7 +110,9 @@ def intersect_api_versions(resp: dict[str, Any]) -> dict[str, Any]:
             known = codec_versions(key)
             if known is None:
                 continue
-            lo, hi = max(lo, known[0]), min(hi, known[1])
+            hi = min(hi, known[1])
+            if key not in ADVERTISED_BELOW_ACCEPTED:
+                lo = max(lo, known[0])
         if key in ADDRESS_LEAKING_CAP:
             cap = ADDRESS_LEAKING_CAP[key]
             if cap is None:

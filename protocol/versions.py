@@ -45,6 +45,11 @@ ADDRESS_LEAKING_CAP: dict[int, int | None] = {
     ApiKey.SHARE_ACKNOWLEDGE: None,
 }
 
+# Kafka 4 still advertises these APIs from v0 although it refuses versions below the value here
+# (librdkafka checks for Produce v0, KAFKA-18659). The proxy passes the advertised minimum on
+# unchanged and, like the broker, refuses the versions below.
+ADVERTISED_BELOW_ACCEPTED: dict[int, int] = {ApiKey.PRODUCE: 3}
+
 # The APIs whose messages the proxy decodes: their versions are capped at what the codec knows.
 DECODED_APIS: frozenset[int] = frozenset(
     {

@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
 
+# Per-direction write buffer: large enough that a multi-hundred-KiB Produce or Fetch frame does not
+# pause the other side on every frame, small enough to bound memory per connection.
+WRITE_BUFFER_HIGH = 4 * 1024 * 1024
+WRITE_BUFFER_LOW = 1024 * 1024
+
 # Responses that may carry broker addresses or capabilities the proxy must change.
 _REWRITE_ALWAYS = frozenset(
     {ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER}
@@ -50,7 +55,7 @@ class InFlight:
     local_response: bytes | None = None  # answered by the proxy itself, sent in its turn
 
 
-class _ClientProtocol(asyncio.Protocol):
+class _ClientProtocol(asyncio.BufferedProtocol):
     def __init__(self, server: ProxyServer, listener: Listener) -> None:
         self.server = server
         self.listener = listener
@@ -60,9 +65,13 @@ class _ClientProtocol(asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.pipeline = Pipeline(self.server, self.listener, cast(asyncio.Transport, transport))
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
         assert self.pipeline is not None
-        self.pipeline.client_data(data)
+        return self.pipeline.requests.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        assert self.pipeline is not None
+        self.pipeline.client_written(nbytes)
 
     def eof_received(self) -> bool | None:
         return None  # close our side too; the upstream is closed in connection_lost
@@ -80,12 +89,15 @@ class _ClientProtocol(asyncio.Protocol):
             self.pipeline.resume_upstream("client-backpressure")
 
 
-class _UpstreamProtocol(asyncio.Protocol):
+class _UpstreamProtocol(asyncio.BufferedProtocol):
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
 
-    def data_received(self, data: bytes) -> None:
-        self.pipeline.upstream_data(data)
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.pipeline.responses.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.pipeline.upstream_written(nbytes)
 
     def eof_received(self) -> bool | None:
         return None
@@ -108,6 +120,7 @@ class Pipeline:
         self.server = server
         self.listener = listener
         self.client = client
+        client.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
         self.upstream: asyncio.Transport | None = None
         peer = client.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
@@ -147,6 +160,7 @@ class Pipeline:
                 transport.close()
                 return
             self.upstream = transport
+            transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
             self.upstream_addr = f"{host}:{port}"
             for frame in self.pending:
                 self._forward(frame)
@@ -216,11 +230,12 @@ class Pipeline:
 
     # --- requests ------------------------------------------------------------------------------
 
-    def client_data(self, data: bytes) -> None:
+    def client_written(self, nbytes: int) -> None:
+        """The client socket wrote ``nbytes`` into the request decoder's buffer."""
         if self.closed:
             return
         try:
-            frames = self.requests.feed(data)
+            frames = self.requests.written(nbytes)
         except FrameError as exc:
             self.reject(str(exc), "oversize" if "exceeds" in str(exc) else "bad-size")
             return
@@ -285,11 +300,12 @@ class Pipeline:
 
     # --- responses -----------------------------------------------------------------------------
 
-    def upstream_data(self, data: bytes) -> None:
+    def upstream_written(self, nbytes: int) -> None:
+        """The upstream socket wrote ``nbytes`` into the response decoder's buffer."""
         if self.closed:
             return
         try:
-            frames = self.responses.feed(data)
+            frames = self.responses.written(nbytes)
         except FrameError as exc:
             self.metrics.upstream_errors.labels("bad-frame").inc()
             self.close(f"upstream sent a bad frame: {exc}")

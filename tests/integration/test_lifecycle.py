@@ -32,7 +32,9 @@ def _api_versions_request() -> bytes:
 def test_sidecar_mode(kafka_broker: KafkaCluster) -> None:
     with ProxyProcess(sidecar_config(kafka_broker)) as proxy:
         msgs = messages(200, "sidecar")
-        assert_same_messages(msgs, kafka_python_roundtrip(proxy.bootstrap, f"sc-{uuid.uuid4().hex[:6]}", msgs))
+        assert_same_messages(
+            msgs, kafka_python_roundtrip(proxy.bootstrap, f"sc-{uuid.uuid4().hex[:6]}", msgs)
+        )
         from tests.integration.clients import kafka_python_brokers_seen
 
         assert {port for _h, port in kafka_python_brokers_seen(proxy.bootstrap)} == {proxy.ports["sidecar"]}
@@ -43,8 +45,12 @@ def test_upstream_down_closes_client_never_hangs(tmp_path: Path) -> None:
     dead = f"127.0.0.1:{free_port()}"
     cfg = {
         "mode": "gateway",
-        "gateway": {"bootstrap_port": free_port(), "broker_port_base": None, "broker_ports": {1: free_port()},
-                    "upstream_bootstrap": [dead]},
+        "gateway": {
+            "bootstrap_port": free_port(),
+            "broker_port_base": None,
+            "broker_ports": {1: free_port()},
+            "upstream_bootstrap": [dead],
+        },
         "admin": {"port": free_port()},
         "connect_timeout_seconds": 2,
     }
@@ -70,8 +76,10 @@ def test_upstream_down_closes_client_never_hangs(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(180)
 def test_upstream_drop_closes_client(tmp_path: Path) -> None:
-    with KafkaCluster(brokers=1, workdir=tmp_path / "kafka") as cluster, \
-            ProxyProcess(gateway_config(cluster), workdir=tmp_path / "proxy") as proxy:
+    with (
+        KafkaCluster(brokers=1, workdir=tmp_path / "kafka") as cluster,
+        ProxyProcess(gateway_config(cluster), workdir=tmp_path / "proxy") as proxy,
+    ):
         sock = socket.create_connection(("127.0.0.1", proxy.ports["bootstrap"]), timeout=30)
         sock.sendall(_api_versions_request())
         (size,) = struct.unpack(">i", sock.recv(4))
@@ -131,13 +139,25 @@ def test_sigterm_drains_and_exits(kafka_broker: KafkaCluster, tmp_path: Path) ->
 
 def test_bad_config_is_refused_with_line_and_field(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("mode: gateway\ngateway:\n  bootstrap_port: 99999\n  upstream_bootstrap: [localhost:9092]\n")
-    proc = subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", str(bad)], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    bad.write_text(
+        "mode: gateway\ngateway:\n  bootstrap_port: 99999\n  upstream_bootstrap: [localhost:9092]\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "check-config", str(bad)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert f"{bad}:3: gateway.bootstrap_port" in proc.stderr
     good = tmp_path / "good.yaml"
     good.write_text("mode: sidecar\nsidecar: {upstream: '127.0.0.1:9093'}\n")
-    proc = subprocess.run([sys.executable, "-m", "proxy.cli", "check-config", str(good)], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "check-config", str(good)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr

@@ -128,7 +128,12 @@ def test_api_versions_intersection() -> None:
     resp = {
         "error_code": 0,
         "api_keys": [
-            {"api_key": 0, "min_version": 3, "max_version": 99},  # produce: capped at the codec
+            {
+                "api_key": 0,
+                "min_version": 0,
+                "max_version": 99,
+            },  # produce: max capped, min as the broker says
+            {"api_key": 1, "min_version": 0, "max_version": 99},  # fetch: both capped at the codec
             {"api_key": 2, "min_version": 1, "max_version": 10},  # passthrough: kept as is
             {"api_key": 78, "min_version": 0, "max_version": 1},  # ShareFetch: leaks addresses, hidden
             {"api_key": 55, "min_version": 0, "max_version": 2},  # DescribeQuorum: capped below listeners
@@ -140,7 +145,9 @@ def test_api_versions_intersection() -> None:
     by_key = {e["api_key"]: (e["min_version"], e["max_version"]) for e in out["api_keys"]}
     produce = codec_versions(ApiKey.PRODUCE)
     assert produce is not None
-    assert by_key == {0: (3, produce[1]), 2: (1, 10), 55: (0, 1)}
+    fetch = codec_versions(ApiKey.FETCH)
+    assert produce is not None and fetch is not None
+    assert by_key == {0: (0, produce[1]), 1: fetch, 2: (1, 10), 55: (0, 1)}
 
 
 def test_api_versions_unsupported_answer_is_v0() -> None:
@@ -217,7 +224,7 @@ def test_produce_request_summary() -> None:
 def test_frame_decoder_limits_and_splits() -> None:
     dec = FrameDecoder(max_frame_bytes=1024)
     frames = dec.feed(b"\x00\x00\x00\x03ab")
-    assert frames == [] and dec.mid_frame and dec.buffered == 2
+    assert frames == [] and dec.mid_frame and dec.buffered == 6
     assert dec.feed(b"c\x00\x00\x00\x01z") == [bytearray(b"abc"), bytearray(b"z")]
     with pytest.raises(FrameTooLarge):
         FrameDecoder(max_frame_bytes=1024).feed(b"\x00\x00\x04\x01")
