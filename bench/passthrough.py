@@ -10,7 +10,7 @@ uvloop), so both see the same machine state. Prints per-round figures, then one 
                               after a 2 s warm-up, timed to the microsecond (ProducerPerformance
                               only reports whole milliseconds and includes its own JVM warm-up)
 
-Usage: source dev/setup.sh && python bench/passthrough.py [--rounds 3] [--records 400000]
+Usage: source dev/setup.sh && python bench/passthrough.py [--rounds 5] [--records 2000000]
 """
 
 from __future__ import annotations
@@ -187,8 +187,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--records", type=int, default=400_000, help="records per throughput run")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--records", type=int, default=2_000_000, help="records per throughput run")
     parser.add_argument("--latency-seconds", type=float, default=15, help="length of each 5,000 msg/s run")
     args = parser.parse_args()
 

@@ -52,9 +52,15 @@ fi
 flock -u "$lock_fd"
 exec {lock_fd}>&-
 
+# The `kthrottle` console script for this checkout (the project is not installed into the shared venv).
+mkdir -p "$repo/.bin"
+printf '#!/bin/sh\nPYTHONPATH="%s${PYTHONPATH:+:$PYTHONPATH}" exec "%s" -m proxy.cli "$@"\n' "$repo" "$venv/bin/python" \
+  > "$repo/.bin/kthrottle"
+chmod +x "$repo/.bin/kthrottle"
+
 export KTHROTTLE_VENV="$venv"
 export KTHROTTLE_KAFKA_LIBS="$libs"
-export PATH="$venv/bin:$PATH"
+export PATH="$repo/.bin:$venv/bin:$PATH"
 # The project is used from the checkout, never installed into the shared venv.
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 eval "$_kthrottle_saved_opts"

@@ -34,20 +34,31 @@ class FrameDecoder:
     ``get_buffer()`` / ``written(n)`` for an ``asyncio.BufferedProtocol``, where the socket reads
     straight into the decoder's memory. Small frames are gathered in a scratch buffer; a large
     frame gets its own buffer of exactly its size, allocated once its size prefix is checked,
-    and the socket then writes its payload directly into it: no copy in user space.
+    and the socket then writes its payload directly into it: no copy in user space. The scratch
+    buffer is released whenever it holds nothing, so an idle connection costs no buffer memory.
     """
 
-    __slots__ = ("_big", "_big_filled", "_end", "_scratch", "_start", "big_frame_bytes", "max_frame_bytes")
+    __slots__ = (
+        "_big",
+        "_big_filled",
+        "_end",
+        "_scratch",
+        "_scratch_bytes",
+        "_start",
+        "big_frame_bytes",
+        "max_frame_bytes",
+    )
 
     def __init__(
         self,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-        scratch_bytes: int = 256 * 1024,
-        big_frame_bytes: int = 64 * 1024,
+        scratch_bytes: int = 32 * 1024,
+        big_frame_bytes: int = 16 * 1024,
     ) -> None:
         self.max_frame_bytes = max_frame_bytes
         self.big_frame_bytes = min(big_frame_bytes, scratch_bytes // 2)
-        self._scratch = bytearray(scratch_bytes)
+        self._scratch_bytes = scratch_bytes
+        self._scratch: bytearray | None = None
         self._start = 0  # unconsumed bytes are scratch[start:end]
         self._end = 0
         self._big: bytearray | None = None  # payload of a large frame being filled
@@ -57,7 +68,9 @@ class FrameDecoder:
         """Where the next bytes read from the socket should go (never empty)."""
         if self._big is not None:
             return memoryview(self._big)[self._big_filled :]
-        if self._end == len(self._scratch):
+        if self._scratch is None:
+            self._scratch = bytearray(self._scratch_bytes)
+        elif self._end == len(self._scratch):
             self._compact()
         return memoryview(self._scratch)[self._end :]
 
@@ -88,6 +101,8 @@ class FrameDecoder:
 
     def _split(self, frames: list[bytearray]) -> None:
         scratch = self._scratch
+        if scratch is None:
+            return
         while self._end - self._start >= 4:
             (size,) = SIZE.unpack_from(scratch, self._start)
             if size < 0:
@@ -105,14 +120,17 @@ class FrameDecoder:
                 big[:have] = scratch[begin : self._end]
                 self._big, self._big_filled = big, have
                 self._start = self._end = 0
+                self._scratch = None
                 return
             break
         if self._start == self._end:
             self._start = self._end = 0
+            self._scratch = None
         elif self._start > len(scratch) // 2:
             self._compact()
 
     def _compact(self) -> None:
+        assert self._scratch is not None
         pending = self._end - self._start
         self._scratch[:pending] = self._scratch[self._start : self._end]
         self._start, self._end = 0, pending
