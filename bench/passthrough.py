@@ -197,30 +197,19 @@ def main() -> None:
         ProxyProcess(gateway_config(cluster, log_level="WARNING")) as proxy,
     ):
         direct, proxied = cluster.bootstrap_servers, proxy.bootstrap
-        run(
-            TOPIC_CMD,
-            "--bootstrap-server",
-            direct,
-            "--create",
-            "--topic",
-            "bench",
-            "--partitions",
-            "6",
-            "--replication-factor",
-            "1",
-        )
-        run(
-            TOPIC_CMD,
-            "--bootstrap-server",
-            direct,
-            "--create",
-            "--topic",
-            "latency",
-            "--partitions",
-            "1",
-            "--replication-factor",
-            "1",
-        )
+        for topic, partitions in (("bench", "6"), ("latency", "1")):
+            run(
+                TOPIC_CMD,
+                "--bootstrap-server",
+                direct,
+                "--create",
+                "--topic",
+                topic,
+                "--partitions",
+                partitions,
+                "--replication-factor",
+                "1",
+            )
         # Warm up the JIT of the broker and the page cache, both ways.
         produce(direct, "bench", 50_000, -1)
         produce(proxied, "bench", 50_000, -1)

@@ -10,7 +10,7 @@ import struct
 from dataclasses import dataclass
 
 from protocol.api_keys import api_name
-from protocol.schema import Buffer, SchemaError, read_uvarint, write_uvarint
+from protocol.schema import Buffer, SchemaError, skip_tagged_fields, write_uvarint
 from protocol.versions import request_header_version, response_header_version
 
 SIZE = struct.Struct(">i")
@@ -190,15 +190,9 @@ def parse_request_header(payload: Buffer) -> RequestHeader:
     if header.version >= 2:
         start = pos
         try:
-            count, pos = read_uvarint(payload, pos)
-            for _ in range(count):
-                _tag, pos = read_uvarint(payload, pos)
-                size, pos = read_uvarint(payload, pos)
-                pos += size
+            pos = skip_tagged_fields(payload, pos)
         except SchemaError as exc:
             raise FrameError(f"bad request header tagged fields: {exc}") from exc
-        if pos > len(payload):
-            raise FrameError("truncated request header tagged fields")
         header.size = pos
         header.tagged = bytes(payload[start:pos])
     return header
@@ -221,16 +215,9 @@ def response_header_size(api_key: int, api_version: int, payload: Buffer) -> int
     if response_header_version(api_key, api_version) == 0:
         return 4
     try:
-        count, pos = read_uvarint(payload, 4)
-        for _ in range(count):
-            _tag, pos = read_uvarint(payload, pos)
-            size, pos = read_uvarint(payload, pos)
-            pos += size
+        return skip_tagged_fields(payload, 4)
     except SchemaError as exc:
         raise FrameError(f"bad response header: {exc}") from exc
-    if pos > len(payload):
-        raise FrameError("truncated response header")
-    return pos
 
 
 def encode_response_header(api_key: int, api_version: int, correlation_id: int) -> bytearray:

@@ -61,6 +61,18 @@ def read_uvarint(buf: Buffer, pos: int) -> tuple[int, int]:
             raise SchemaError("varint too long")
 
 
+def skip_tagged_fields(buf: Buffer, pos: int) -> int:
+    """Position after a tagged-field section starting at ``pos`` (count, then tag/size/data each)."""
+    count, pos = read_uvarint(buf, pos)
+    for _ in range(count):
+        _tag, pos = read_uvarint(buf, pos)
+        size, pos = read_uvarint(buf, pos)
+        pos += size
+    if pos > len(buf):
+        raise SchemaError("truncated tagged fields")
+    return pos
+
+
 def write_uvarint(out: bytearray, value: int) -> None:
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)

@@ -21,6 +21,7 @@ from protocol.frames import (
     SIZE,
     FrameDecoder,
     FrameError,
+    FrameTooLarge,
     RequestHeader,
     encode_response_header,
     parse_request_header,
@@ -237,7 +238,7 @@ class Pipeline:
         try:
             frames = self.requests.written(nbytes)
         except FrameError as exc:
-            self.reject(str(exc), "oversize" if "exceeds" in str(exc) else "bad-size")
+            self.reject(str(exc), "oversize" if isinstance(exc, FrameTooLarge) else "bad-size")
             return
         for frame in frames:
             if self.closed:
