@@ -109,6 +109,23 @@ def test_java_tools_through_proxy(proxy: ProxyProcess) -> None:
     # Summary line: start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, ...
     summary = [line for line in consumed.stdout.splitlines() if line[:1].isdigit()]
     assert summary and int(summary[-1].split(",")[4].strip()) == 20000, consumed.stdout
+    altered = run_tool(
+        "kafka.admin.ConfigCommand",
+        *boot,
+        "--alter",
+        "--entity-type",
+        "topics",
+        "--entity-name",
+        topic,
+        "--add-config",
+        "retention.ms=3600000",
+    )
+    assert altered.returncode == 0, altered.stderr
+    configs = run_tool(
+        "kafka.admin.ConfigCommand", *boot, "--describe", "--entity-type", "topics", "--entity-name", topic
+    )
+    assert configs.returncode == 0, configs.stderr
+    assert "retention.ms=3600000" in configs.stdout
     deleted = run_tool("org.apache.kafka.tools.TopicCommand", *boot, "--delete", "--topic", topic)
     assert deleted.returncode == 0, deleted.stderr
     listed = run_tool("org.apache.kafka.tools.TopicCommand", *boot, "--list")
