@@ -1,0 +1,153 @@
+"""Byte-rate quota state for one direction (produce or fetch): client buckets and partitions.
+
+Sans-IO: callers pass the time in ms; nothing here blocks, sleeps or reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from quota.config import QuotaConfig
+from quota.entities import Bucket, Match, resolve, topic_quota
+from quota.keys import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
+from quota.rate import SampledRate, throttle_time_ms
+
+PartitionKey = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionUsage:
+    topic: str
+    partition: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What one request cost: the throttle to apply (max over client and partitions) and why."""
+
+    throttle_ms: int
+    client_throttle_ms: int
+    partition_throttle_ms: int
+    bucket: Bucket
+    match: Match | None
+    client_rate: float
+    worst_partition: PartitionKey | None = None
+
+    @property
+    def throttled(self) -> bool:
+        return self.throttle_ms > 0
+
+
+class ByteRateQuotas:
+    """``producer_byte_rate`` (produce=True) or ``consumer_byte_rate`` for clients, plus the
+    matching KIP-1010 topic-partition quota, with idle state expiring."""
+
+    def __init__(self, cfg: QuotaConfig, produce: bool, now_ms: float) -> None:
+        self.produce = produce
+        self.key = PRODUCER_BYTE_RATE if produce else CONSUMER_BYTE_RATE
+        self.cfg = cfg
+        self.window = cfg.window.quota_window()
+        self.clients: dict[Bucket, SampledRate] = {}
+        self.partitions: dict[PartitionKey, SampledRate] = {}
+        self._matches: dict[tuple[str, str], Match | None] = {}
+        self._topic_quotas: dict[str, float | None] = {}
+        self._last_expiry_ms = now_ms
+
+    def reconfigure(self, cfg: QuotaConfig) -> None:
+        """Apply a new config; rates measured so far are kept (Kafka keeps its sensors)."""
+        self.cfg = cfg
+        window = cfg.window.quota_window()
+        if window != self.window:
+            self.window = window
+            self.clients.clear()
+            self.partitions.clear()
+        self._matches.clear()
+        self._topic_quotas.clear()
+
+    def match(self, user: str, client_id: str) -> Match | None:
+        key = (user, client_id)
+        try:
+            return self._matches[key]
+        except KeyError:
+            found = self._matches[key] = resolve(self.cfg, user, client_id, self.key)
+            return found
+
+    def topic_quota(self, topic: str) -> float | None:
+        try:
+            return self._topic_quotas[topic]
+        except KeyError:
+            found = self._topic_quotas[topic] = topic_quota(self.cfg, topic, self.produce)
+            return found
+
+    def _rate(
+        self,
+        table: dict[Bucket, SampledRate] | dict[PartitionKey, SampledRate],
+        key: Bucket | PartitionKey,
+        now_ms: float,
+    ) -> SampledRate:
+        rate = table.get(key)  # type: ignore[arg-type]
+        if rate is None:
+            rate = table[key] = SampledRate(self.window, now_ms)  # type: ignore[index]
+        return rate
+
+    def record(
+        self, user: str, client_id: str, size: int, partitions: Iterable[PartitionUsage], now_ms: float
+    ) -> Decision:
+        """Record a request's bytes (record first, then check, as Kafka does) and decide."""
+        match = self.match(user, client_id)
+        bucket = match.bucket if match is not None else ("", client_id)
+        rate = self._rate(self.clients, bucket, now_ms)
+        rate.record(size, now_ms)
+        measured = rate.measure(now_ms)
+        client_ms = throttle_time_ms(measured, match.quota, rate.window_ms(now_ms)) if match else 0
+        part_ms = 0
+        worst: PartitionKey | None = None
+        for usage in partitions:
+            quota = self.topic_quota(usage.topic)
+            if quota is None:
+                continue
+            key = (usage.topic, usage.partition)
+            prate = self._rate(self.partitions, key, now_ms)
+            prate.record(usage.size, now_ms)
+            ms = throttle_time_ms(prate.measure(now_ms), quota, prate.window_ms(now_ms))
+            if ms > part_ms:
+                part_ms, worst = ms, key
+        self.maybe_expire(now_ms)
+        return Decision(max(client_ms, part_ms), client_ms, part_ms, bucket, match, measured, worst)
+
+    def unrecord(
+        self, decision: Decision, size: int, partitions: Iterable[PartitionUsage], now_ms: float
+    ) -> None:
+        """Take back what ``record`` charged, for a fetch answered empty because it was throttled."""
+        rate = self.clients.get(decision.bucket)
+        if rate is not None:
+            rate.unrecord(size, now_ms)
+        for usage in partitions:
+            prate = self.partitions.get((usage.topic, usage.partition))
+            if prate is not None:
+                prate.unrecord(usage.size, now_ms)
+
+    def max_bytes_in_window(self, user: str, client_id: str) -> int | None:
+        """Kafka caps a fetch at quota * (num - 1) * window size; None when no quota applies."""
+        match = self.match(user, client_id)
+        if match is None:
+            return None
+        return int(match.quota * self.window.max_value_factor_ms / 1000.0)
+
+    def maybe_expire(self, now_ms: float) -> int:
+        """Drop state idle for ``idle_expiry_seconds``; runs at most once a window."""
+        if now_ms - self._last_expiry_ms < self.window.size_ms:
+            return 0
+        self._last_expiry_ms = now_ms
+        horizon = now_ms - self.cfg.idle_expiry_seconds * 1000.0
+        dropped = 0
+        for table in (self.clients, self.partitions):
+            stale = [k for k, r in table.items() if r.last_record_ms < horizon]
+            for key in stale:
+                del table[key]  # type: ignore[arg-type]
+            dropped += len(stale)
+        if dropped and len(self._matches) > 4 * max(1, len(self.clients)):
+            self._matches.clear()
+        return dropped
