@@ -79,7 +79,9 @@ def throttle_time_offset(api_key: int, version: int, body: Buffer) -> int | None
     return positions.get("throttle_time_ms")
 
 
-def patch_throttle_time(api_key: int, version: int, body: bytearray, throttle_ms: int) -> int | None:
+def patch_throttle_time(
+    api_key: int, version: int, body: bytearray | memoryview, throttle_ms: int
+) -> int | None:
     """Raise throttle_time_ms to at least ``throttle_ms`` without re-encoding; returns the value sent."""
     offset = throttle_time_offset(api_key, version, body)
     if offset is None:

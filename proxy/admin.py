@@ -2,10 +2,40 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.server import ProxyServer
+from proxy.throttling import QuotaEnforcer
+from quota.keys import ANONYMOUS
+from quota.rate import throttle_time_ms
+
+
+def entity_state(enforcer: QuotaEnforcer, user: str, client_id: str) -> dict[str, Any]:
+    """The live state of one (user, client-id) for each byte-rate quota: why, how much, how fast."""
+    now = enforcer.now_ms()
+    out: dict[str, Any] = {"user": user, "client_id": client_id, "dry_run": enforcer.dry_run}
+    for quotas in (enforcer.produce, enforcer.fetch):
+        match = quotas.match(user, client_id)
+        bucket = match.bucket if match is not None else ("", client_id)
+        rate = quotas.clients.get(bucket)
+        state: dict[str, Any] = {
+            "quota": match.quota if match else None,
+            "level": match.level if match else None,
+            "bucket": {"user": bucket[0], "client_id": bucket[1]},
+        }
+        if rate is not None:
+            measured, window = rate.measure(now), rate.window_ms(now)
+            state.update(
+                rate=measured,
+                window_ms=window,
+                throttle_ms=throttle_time_ms(measured, match.quota, window) if match else 0,
+                samples=[{"start_ms_ago": now - start, "bytes": value} for start, value in rate.samples(now)],
+            )
+        out[quotas.key] = state
+    return out
 
 
 def build_app(server: ProxyServer) -> web.Application:
@@ -27,7 +57,18 @@ def build_app(server: ProxyServer) -> web.Application:
         }
         return web.json_response(body, status=200 if ready else 503)
 
+    async def quotas(_request: web.Request) -> web.Response:
+        cfg = server.enforcer.cfg
+        return web.json_response(cfg.model_dump(mode="json", by_alias=True, exclude_none=True))
+
+    async def entity(request: web.Request) -> web.Response:
+        user = request.query.get("user", ANONYMOUS)
+        client_id = request.query.get("client_id", "")
+        return web.json_response(entity_state(server.enforcer, user, client_id))
+
     app = web.Application()
+    app.router.add_get("/quotas", quotas)
+    app.router.add_get("/quotas/entity", entity)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -24,13 +24,15 @@ def _install_uvloop() -> str:
     return "uvloop"
 
 
-async def serve(cfg: ProxyConfig, ready_file: Path | None = None) -> None:
+async def serve(cfg: ProxyConfig, ready_file: Path | None = None, config_path: Path | None = None) -> None:
     """Run until SIGTERM/SIGINT, then drain and return."""
     from proxy.admin import start_admin
+    from proxy.reload import watch
     from proxy.server import ProxyServer
 
     server = ProxyServer(cfg)
     await server.start()
+    watcher = asyncio.get_running_loop().create_task(watch(server, config_path)) if config_path else None
     runner = None
     admin_port = None
     if cfg.admin.enabled:
@@ -46,6 +48,8 @@ async def serve(cfg: ProxyConfig, ready_file: Path | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if watcher is not None:
+        watcher.cancel()
     log.info("shutting down: draining for up to %.1fs", cfg.drain_seconds)
     await server.stop()
     if runner is not None:
@@ -76,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     loop_kind = _install_uvloop()
     log.info("kthrottle starting (%s mode, %s)", cfg.mode, loop_kind)
-    asyncio.run(serve(cfg, args.ready_file))
+    asyncio.run(serve(cfg, args.ready_file, args.config))
     return 0
 
 

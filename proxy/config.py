@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from protocol.frames import DEFAULT_MAX_FRAME_BYTES
+from quota.config import QuotaConfig
 
 
 class ConfigError(ValueError):
@@ -92,6 +93,7 @@ class ProxyConfig(Strict):
     drain_seconds: float = Field(10.0, ge=0, le=600)
     metadata_refresh_seconds: float = Field(30.0, gt=0, le=3600)
     admin: AdminConfig = Field(default_factory=AdminConfig)
+    quotas: QuotaConfig = Field(default_factory=QuotaConfig)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("bind_host")

@@ -45,6 +45,21 @@ class ProxyMetrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=r,
         )
+        self.throttled_requests = Counter(
+            "kthrottle_throttled_requests",
+            "Requests over a byte-rate quota, by api and whether the throttle was applied or dry-run",
+            ["api", "mode"],
+            registry=r,
+        )
+        self.throttle_seconds = Counter(
+            "kthrottle_throttle_seconds", "Throttle time decided by the proxy, by api", ["api"], registry=r
+        )
+        self.config_reloads = Counter(
+            "kthrottle_config_reloads",
+            "Config reloads, by result (applied, rejected)",
+            ["result"],
+            registry=r,
+        )
         self._per_api: dict[int, tuple[Counter, Counter, Counter, Histogram]] = {}
 
     def api(self, api_key: int) -> tuple[Counter, Counter, Counter, Histogram]:

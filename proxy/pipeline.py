@@ -29,6 +29,13 @@ from protocol.frames import (
 )
 from protocol.schema import SchemaError
 from protocol.versions import DECODED_APIS, NODE_ENDPOINTS_FROM, codec_versions
+from proxy.throttling import (
+    FetchRequestInfo,
+    cap_fetch_max_bytes,
+    fetch_request_info,
+    throttled_fetch_response,
+)
+from quota.keys import ANONYMOUS
 
 if TYPE_CHECKING:
     from proxy.server import Listener, ProxyServer
@@ -40,6 +47,10 @@ _ids = itertools.count(1)
 # pause the other side on every frame, small enough to bound memory per connection.
 WRITE_BUFFER_HIGH = 4 * 1024 * 1024
 WRITE_BUFFER_LOW = 1024 * 1024
+
+_THROTTLE = "throttle"  # muted for a throttle time
+_THROTTLE_PENDING = "throttle-pending"  # a throttled request's response has not gone out yet
+_HOLD_REASONS = frozenset({_THROTTLE, _THROTTLE_PENDING})
 
 # Responses that may carry broker addresses or capabilities the proxy must change.
 _REWRITE_ALWAYS = frozenset(
@@ -54,6 +65,9 @@ class InFlight:
     correlation_id: int
     sent_at: float
     local_response: bytes | None = None  # answered by the proxy itself, sent in its turn
+    client_id: str = ""
+    throttle_ms: int = 0  # the proxy's throttle for this request, decided when it was read
+    fetch: FetchRequestInfo | None = None  # set when the fetch quota needs the response
 
 
 class _ClientProtocol(asyncio.BufferedProtocol):
@@ -132,6 +146,11 @@ class Pipeline:
         self._client_pauses: set[str] = set()
         self._upstream_pauses: set[str] = set()
         self.closed = False
+        self.user = ANONYMOUS  # the authenticated principal, once the proxy knows it
+        self._mute_until = 0.0
+        self._mute_handle: asyncio.TimerHandle | None = None
+        self._pending_throttles = 0  # throttled produce requests whose response is still to come
+        self.held: deque[bytearray] = deque()  # requests read while the connection was muted
         self.loop = asyncio.get_running_loop()
         self.metrics = server.metrics
         server.pipeline_opened(self)
@@ -184,6 +203,8 @@ class Pipeline:
             self.upstream.close()
         if not self._connect_task.done():
             self._connect_task.cancel()
+        if self._mute_handle is not None:
+            self._mute_handle.cancel()
         self.server.pipeline_closed(self)
 
     def reject(self, reason: str, label: str) -> None:
@@ -243,7 +264,11 @@ class Pipeline:
         for frame in frames:
             if self.closed:
                 return
-            self._request(frame)
+            if self._holding:
+                # A throttled connection is muted: Kafka would not have read these yet.
+                self.held.append(frame)
+            else:
+                self._request(frame)
 
     def _request(self, frame: bytearray) -> None:
         try:
@@ -263,22 +288,81 @@ class Pipeline:
                     f"{api_name(key)} v{version} is not supported by the proxy", "unsupported-version"
                 )
                 return
-            if key == ApiKey.PRODUCE:
-                try:
-                    body = messages.decode_request(key, version, memoryview(frame)[header.size :])
-                except SchemaError as exc:
-                    self.reject(f"malformed Produce v{version} request: {exc}", "malformed")
-                    return
-                expects_response = messages.produce_acks(body) != 0
+        throttle_ms = 0
+        fetch: FetchRequestInfo | None = None
+        client_id = header.client_id or ""
+        if key == ApiKey.PRODUCE:
+            try:
+                body = messages.decode_request(key, version, memoryview(frame)[header.size :])
+            except SchemaError as exc:
+                self.reject(f"malformed Produce v{version} request: {exc}", "malformed")
+                return
+            expects_response = messages.produce_acks(body) != 0
+            enforcer = self.server.enforcer
+            # Kafka charges header + body and appends first: the throttle comes after.
+            throttle_ms = enforcer.on_produce(self.user, client_id, len(frame), body).throttle_ms
+            if enforcer.dry_run:
+                throttle_ms = 0
+            if throttle_ms:
+                if expects_response:
+                    # Read nothing more until the response goes out and its mute ends, as the
+                    # broker (which reads one request at a time per connection) would.
+                    self._pending_throttles += 1
+                    self.pause_client(_THROTTLE_PENDING)
+                else:
+                    self.mute(throttle_ms)
+        elif key == ApiKey.FETCH and self.server.enforcer.fetch.active:
+            try:
+                fetch = self._prepare_fetch(frame, header, client_id)
+            except SchemaError as exc:
+                self.reject(f"malformed Fetch v{version} request: {exc}", "malformed")
+                return
         req_counter, bytes_counter, _resp, _lat = self.metrics.api(key)
         req_counter.inc()
         bytes_counter.inc(len(frame) + 4)
         if expects_response:
-            self.in_flight.append(InFlight(key, version, header.correlation_id, self.loop.time()))
+            self.in_flight.append(
+                InFlight(
+                    key, version, header.correlation_id, self.loop.time(), None, client_id, throttle_ms, fetch
+                )
+            )
         if self.upstream is None:
             self.pending.append(frame)
         else:
             self._forward(frame)
+
+    def _prepare_fetch(self, frame: bytearray, header: RequestHeader, client_id: str) -> FetchRequestInfo:
+        """Note the fetch session (for a throttled answer) and cap max_bytes as Kafka does."""
+        version = header.api_version
+        body = messages.decode_request(ApiKey.FETCH, version, memoryview(frame)[header.size :])
+        cap = self.server.enforcer.fetch_cap(self.user, client_id)
+        if cap is not None:
+            cap_fetch_max_bytes(version, frame, header.size, cap)
+        return fetch_request_info(version, body)
+
+    def mute(self, throttle_ms: int) -> None:
+        """Stop reading from the client for ``throttle_ms`` (KIP-219's channel mute)."""
+        until = self.loop.time() + throttle_ms / 1000.0
+        if until <= self._mute_until or self.closed:
+            return
+        self._mute_until = until
+        self.pause_client(_THROTTLE)
+        if self._mute_handle is not None:
+            self._mute_handle.cancel()
+        self._mute_handle = self.loop.call_at(until, self._unmute)
+
+    def _unmute(self) -> None:
+        self._mute_handle = None
+        self._mute_until = 0.0
+        self._client_pauses.discard(_THROTTLE)
+        # Requests read while muted go first, in order; one of them may mute the connection again.
+        while self.held and not self._holding and not self.closed:
+            self._request(self.held.popleft())
+        self.resume_client(_THROTTLE)
+
+    @property
+    def _holding(self) -> bool:
+        return bool(self._client_pauses & _HOLD_REASONS)
 
     def _forward(self, frame: bytes | bytearray) -> None:
         assert self.upstream is not None
@@ -328,11 +412,12 @@ class Pipeline:
             self.close(f"response correlation id {correlation_id} != expected {entry.correlation_id}")
             return
         key = entry.api_key
-        if key in _REWRITE_ALWAYS or (
+        addresses = key in _REWRITE_ALWAYS or (
             key in NODE_ENDPOINTS_FROM and entry.api_version >= NODE_ENDPOINTS_FROM[key]
-        ):
+        )
+        if addresses or entry.fetch is not None or entry.throttle_ms:
             try:
-                frame = self._rewrite(entry, frame)
+                frame = self._rewrite(entry, frame, addresses)
             except (SchemaError, FrameError, LookupError) as exc:
                 self.metrics.upstream_errors.labels("undecodable-response").inc()
                 self.close(f"cannot rewrite {api_name(key)} v{entry.api_version} response: {exc}")
@@ -341,23 +426,47 @@ class Pipeline:
         resp_counter.inc(len(frame) + 4)
         latency.observe(self.loop.time() - entry.sent_at)
         self.client.writelines((SIZE.pack(len(frame)), frame))
+        if entry.throttle_ms:
+            self.mute(entry.throttle_ms)
+            if entry.api_key == ApiKey.PRODUCE:
+                self._pending_throttles -= 1
+                if not self._pending_throttles:
+                    self.resume_client(_THROTTLE_PENDING)
         self._flush_local()
         if self.server.draining and not self.in_flight:
             self.close("drained for shutdown", level=logging.INFO)
 
-    def _rewrite(self, entry: InFlight, frame: bytearray) -> bytearray:
-        """Decode, change what must change, and re-encode only if something did."""
+    def _rewrite(self, entry: InFlight, frame: bytearray, addresses: bool) -> bytearray:
+        """Apply quotas and address rewriting to a response; re-encode only if something changed.
+
+        A throttle is patched into throttle_time_ms in place; a throttled fetch is replaced by an
+        empty response, as the broker would send.
+        """
         key, version = entry.api_key, entry.api_version
         hsize = response_header_size(key, version, frame)
         body = messages.decode_response(key, version, memoryview(frame)[hsize:])
+        if entry.fetch is not None:
+            enforcer = self.server.enforcer
+            decision, _parts = enforcer.on_fetch_response(self.user, entry.client_id, len(frame), body)
+            if decision.throttled and not enforcer.dry_run:
+                entry.throttle_ms = decision.throttle_ms
+                broker_ms = int(body.get("throttle_time_ms", 0))
+                out = bytearray(frame[:hsize])
+                out += throttled_fetch_response(version, max(broker_ms, decision.throttle_ms), entry.fetch)
+                return out
         changed = 0
-        if key == ApiKey.API_VERSIONS:
-            messages.intersect_api_versions(body)
-            changed = 1
-        changed += messages.rewrite_addresses(key, version, body, self.server.brokers.advertised)
-        if not changed:
-            return frame
-        self.metrics.rewritten_addresses.inc(changed)
-        out = bytearray(frame[:hsize])
-        out += messages.encode_response(key, version, body)
-        return out
+        if addresses:
+            if key == ApiKey.API_VERSIONS:
+                messages.intersect_api_versions(body)
+                changed = 1
+            changed += messages.rewrite_addresses(key, version, body, self.server.brokers.advertised)
+        if changed:
+            self.metrics.rewritten_addresses.inc(changed)
+            body["throttle_time_ms"] = max(int(body.get("throttle_time_ms", 0)), entry.throttle_ms)
+            out = bytearray(frame[:hsize])
+            out += messages.encode_response(key, version, body)
+            return out
+        if entry.throttle_ms:
+            del body  # the record views into frame must go before it is patched
+            messages.patch_throttle_time(key, version, memoryview(frame)[hsize:], entry.throttle_ms)
+        return frame

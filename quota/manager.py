@@ -54,6 +54,7 @@ class ByteRateQuotas:
         self._matches: dict[tuple[str, str], Match | None] = {}
         self._topic_quotas: dict[str, float | None] = {}
         self._last_expiry_ms = now_ms
+        self.active = self._any_quota(cfg)
 
     def reconfigure(self, cfg: QuotaConfig) -> None:
         """Apply a new config; rates measured so far are kept (Kafka keeps its sensors)."""
@@ -65,6 +66,18 @@ class ByteRateQuotas:
             self.partitions.clear()
         self._matches.clear()
         self._topic_quotas.clear()
+        self.active = self._any_quota(cfg)
+
+    def _any_quota(self, cfg: QuotaConfig) -> bool:
+        """Whether any entity or topic has a quota of this kind (else the proxy skips the work)."""
+        entities = [*cfg.clients.values(), *cfg.users.values()]
+        entities += [c for u in cfg.users.values() for c in u.clients.values()]
+        if any(q.get(self.key) is not None for q in entities):
+            return True
+        return any(
+            (t.producer_byte_rate if self.produce else t.consumer_byte_rate) is not None
+            for t in cfg.topics.values()
+        )
 
     def match(self, user: str, client_id: str) -> Match | None:
         key = (user, client_id)

@@ -1,0 +1,57 @@
+"""Hot reload of the config file: quota changes apply without dropping a connection; a bad file
+is refused with its line and reason, and the last good config stays in force."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from proxy.config import ConfigError, ProxyConfig, load_config
+from proxy.server import ProxyServer
+
+log = logging.getLogger(__name__)
+
+# Settings that need a restart: a change to them is reported, not applied.
+_RESTART_ONLY = ("mode", "bind_host", "advertised_host", "gateway", "sidecar", "admin", "max_frame_bytes")
+
+
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def apply(server: ProxyServer, new: ProxyConfig) -> list[str]:
+    """Apply what can change live; returns the restart-only settings that differ."""
+    old = server.cfg
+    pending = [name for name in _RESTART_ONLY if getattr(old, name) != getattr(new, name)]
+    server.enforcer.reconfigure(new.quotas)
+    live = {k: getattr(new, k) for k in ProxyConfig.model_fields if k not in _RESTART_ONLY}
+    server.cfg = old.model_copy(update=live)
+    logging.getLogger().setLevel(new.log_level)
+    return pending
+
+
+async def watch(server: ProxyServer, path: Path, interval: float = 1.0) -> None:
+    """Poll the file (works with ConfigMap symlink swaps too) and reload on change."""
+    seen = _signature(path)
+    while True:
+        await asyncio.sleep(interval)
+        current = _signature(path)
+        if current == seen or current is None:
+            continue
+        seen = current
+        try:
+            new = load_config(path)
+        except ConfigError as exc:
+            server.metrics.config_reloads.labels("rejected").inc()
+            log.error("config reload refused, keeping the last good config: %s", exc)
+            continue
+        pending = apply(server, new)
+        server.metrics.config_reloads.labels("applied").inc()
+        log.info("config reloaded from %s", path)
+        if pending:
+            log.warning("these settings changed but need a restart to apply: %s", ", ".join(pending))

@@ -1,0 +1,298 @@
+"""Byte-rate quotas through the proxy against a real broker (which has no quotas of its own)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dev.harness import KafkaCluster, java_command, run_tool
+from dev.proxy_process import ProxyProcess, gateway_config
+
+pytestmark = pytest.mark.integration
+
+MiB = 1024 * 1024
+
+
+def _create_topic(cluster: KafkaCluster, topic: str, partitions: int = 1) -> None:
+    proc = run_tool(
+        "TopicCommand",
+        "--bootstrap-server",
+        cluster.bootstrap_servers,
+        "--create",
+        "--topic",
+        topic,
+        "--partitions",
+        str(partitions),
+        "--replication-factor",
+        "1",
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+class OffsetSampler:
+    """Samples, from the broker directly (not through the proxy), how many records a topic holds."""
+
+    def __init__(self, cluster: KafkaCluster, topic: str) -> None:
+        from kafka import KafkaConsumer, TopicPartition
+
+        self.consumer = KafkaConsumer(bootstrap_servers=cluster.bootstrap_servers)
+        parts = self.consumer.partitions_for_topic(topic) or set()
+        self.partitions = [TopicPartition(topic, p) for p in sorted(parts)]
+        self.samples: list[tuple[float, int]] = []
+        self.by_partition: dict[int, list[tuple[float, int]]] = {tp.partition: [] for tp in self.partitions}
+
+    def sample_until(self, start: float, until: float, every: float = 0.25) -> None:
+        while time.monotonic() - start < until:
+            ends = self.consumer.end_offsets(self.partitions)
+            now = time.monotonic() - start
+            self.samples.append((now, sum(ends.values())))
+            for tp, n in ends.items():
+                self.by_partition[tp.partition].append((now, n))
+            time.sleep(every)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def steady_rate(samples: list[tuple[float, float]], t_from: float, t_to: float) -> float:
+    """Least-squares slope of cumulative amount over time in [t_from, t_to].
+
+    Kafka's windowed quota lets a greedy client through in bursts, one per quota.window.num x
+    size as old samples expire; a slope over three such cycles measures the rate the quota
+    holds it to, where a difference of two points would depend on where the bursts fall.
+    """
+    pts = [(t, v) for t, v in samples if t_from <= t <= t_to]
+    assert len(pts) > 10, f"too few samples in [{t_from}, {t_to}]: {len(pts)}"
+    mt = sum(t for t, _ in pts) / len(pts)
+    mv = sum(v for _, v in pts) / len(pts)
+    return sum((t - mt) * (v - mv) for t, v in pts) / sum((t - mt) ** 2 for t, _ in pts)
+
+
+STEADY = (12.0, 45.0)  # after the initial burst the padded window allows; three 11 s cycles
+
+
+@pytest.mark.timeout(240)
+def test_java_producer_held_to_its_quota(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
+    topic = f"q-produce-{uuid.uuid4().hex[:6]}"
+    _create_topic(kafka_broker, topic)
+    quotas = {"clients": {"throttled-producer": {"producer_byte_rate": MiB}}}
+    with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
+        record = 1024
+        records = 58 * MiB // record  # finishes a few seconds after the steady span
+        cmd = java_command(
+            "org.apache.kafka.tools.ProducerPerformance",
+            "--topic",
+            topic,
+            "--num-records",
+            str(records),
+            "--record-size",
+            str(record),
+            "--throughput",
+            "-1",
+            "--print-metrics",
+            "--producer-props",
+            f"bootstrap.servers={proxy.bootstrap}",
+            "client.id=throttled-producer",
+            "acks=1",
+            "linger.ms=5",
+        )
+        sampler = OffsetSampler(kafka_broker, topic)
+        start = time.monotonic()
+        perf = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            sampler.sample_until(start, STEADY[1])
+            out, err = perf.communicate(timeout=120)
+        finally:
+            sampler.close()
+            if perf.poll() is None:
+                perf.kill()
+        assert perf.returncode == 0, err[-2000:]
+        rate = steady_rate([(t, n * record) for t, n in sampler.samples], *STEADY)
+        assert abs(rate - MiB) / MiB < 0.15, f"steady produce rate {rate / MiB:.3f} MiB/s"
+        # The Java client saw the throttle in its responses.
+        match = re.search(r"produce-throttle-time-max:\{client-id=throttled-producer\}\s*:\s*([\d.]+)", out)
+        assert match and float(match.group(1)) > 0, out[-3000:]
+        assert proxy.metric("kthrottle_throttled_requests_total", {"api": "Produce", "mode": "applied"}) > 0
+
+
+@pytest.mark.timeout(240)
+def test_confluent_consumer_held_to_its_quota(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
+    from confluent_kafka import Consumer
+
+    topic = f"q-fetch-{uuid.uuid4().hex[:6]}"
+    _create_topic(kafka_broker, topic)
+    fill = run_tool(
+        "ProducerPerformance",
+        "--topic",
+        topic,
+        "--num-records",
+        str(40 * 1024),
+        "--record-size",
+        "1024",
+        "--throughput",
+        "-1",
+        "--producer-props",
+        f"bootstrap.servers={kafka_broker.bootstrap_servers}",
+    )
+    assert fill.returncode == 0, fill.stderr
+    quotas = {"clients": {"slow-consumer": {"consumer_byte_rate": MiB}}}
+    with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
+        throttles: list[int] = []
+
+        def on_stats(raw: str) -> None:
+            import json
+
+            stats = json.loads(raw)
+            for broker in stats.get("brokers", {}).values():
+                throttles.append(int(broker.get("throttle", {}).get("max", 0)))
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": proxy.bootstrap,
+                "group.id": f"g-{topic}",
+                "client.id": "slow-consumer",
+                "auto.offset.reset": "earliest",
+                "statistics.interval.ms": 1000,
+                "stats_cb": on_stats,
+            }
+        )
+        consumer.subscribe([topic])
+        got = 0
+        marks: list[tuple[float, int]] = []
+        start = time.monotonic()
+        while time.monotonic() - start < STEADY[1]:
+            for msg in consumer.consume(num_messages=1000, timeout=0.5):
+                if msg.error() is None:
+                    got += len(msg.value() or b"")
+            marks.append((time.monotonic() - start, got))
+        consumer.close()
+        rate = steady_rate([(t, float(n)) for t, n in marks], *STEADY)
+        assert abs(rate - MiB) / MiB < 0.15, f"steady fetch rate {rate / MiB:.3f} MiB/s"
+        assert max(throttles, default=0) > 0, "librdkafka never saw a throttle"
+        assert proxy.metric("kthrottle_throttled_requests_total", {"api": "Fetch", "mode": "applied"}) > 0
+
+
+@pytest.mark.timeout(120)
+def test_dry_run_reports_but_does_not_throttle(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
+    from kafka import KafkaProducer
+
+    quotas = {"dry_run": True, "clients": {"<default>": {"producer_byte_rate": 10_000}}}
+    with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
+        producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, client_id="dry", acks=1)
+        payload = b"x" * 100_000
+        started = time.monotonic()
+        for _ in range(30):  # 3 MB against 10 kB/s: hundreds of seconds of throttle if applied
+            producer.send(f"dry-{uuid.uuid4().hex[:4]}", payload).get(timeout=30)
+        producer.close()
+        assert time.monotonic() - started < 30
+        assert proxy.metric("kthrottle_throttled_requests_total", {"api": "Produce", "mode": "dry-run"}) > 0
+        assert proxy.metric("kthrottle_throttled_requests_total", {"api": "Produce", "mode": "applied"}) == 0
+
+
+@pytest.mark.timeout(240)
+def test_topic_partition_quota_and_hot_reload(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
+    import yaml
+    from confluent_kafka import Producer
+
+    topic = f"q-topic-{uuid.uuid4().hex[:6]}"
+    _create_topic(kafka_broker, topic, partitions=6)
+    slow, fast = 64 * 1024, 512 * 1024
+    # Half-second windows: the quota's burst cycle (num x size) is 5.5 s, so a test sees several.
+    quotas = {"window": {"num": 11, "size_seconds": 0.5}, "topics": {topic: {"producer.byte.rate": slow}}}
+    cfg = gateway_config(kafka_broker, quotas=quotas)
+    with ProxyProcess(cfg, workdir=tmp_path) as proxy:
+        stop = threading.Event()
+        errors: list[str] = []
+
+        def produce(partition: int) -> None:
+            # One producer (one connection) per partition: each is held by its partition's bucket.
+            producer = Producer(
+                {
+                    "bootstrap.servers": proxy.bootstrap,
+                    "linger.ms": 5,
+                    "acks": 1,
+                    "batch.size": 16384,
+                    "client.id": f"p{partition}",
+                }
+            )
+            payload = b"p" * 1024
+            while not stop.is_set():
+                try:
+                    producer.produce(
+                        topic,
+                        payload,
+                        partition=partition,
+                        on_delivery=lambda err, _m: err and errors.append(str(err)),
+                    )
+                except BufferError:
+                    producer.poll(0.05)
+                producer.poll(0)
+            producer.flush(30)
+
+        sampler = OffsetSampler(kafka_broker, topic)
+        start = time.monotonic()
+        workers = [threading.Thread(target=produce, args=(p,), daemon=True) for p in (0, 1)]
+        for worker in workers:
+            worker.start()
+        try:
+            sampler.sample_until(start, 24.0)
+            connections_before = proxy.metric("kthrottle_connections_total")
+            cfg["quotas"]["topics"][topic]["producer.byte.rate"] = fast
+            proxy.config_path.write_text(yaml.safe_dump(cfg))
+            reloaded = time.monotonic() - start
+            sampler.sample_until(start, reloaded + 6.0)
+        finally:
+            stop.set()
+            for worker in workers:
+                worker.join(60)
+            sampler.close()
+        assert not errors, errors[:3]
+        settle = reloaded + 1.0 + 2 * 0.5 + 0.5  # the one-second reload poll, two windows, slack
+        for p in (0, 1):  # each partition has its own bucket at the topic's per-partition rate
+            series = [(t, n * 1024) for t, n in sampler.by_partition[p]]
+            rate = steady_rate(series, 7.0, 23.5)
+            assert abs(rate - slow) / slow < 0.15, (
+                f"partition {p}: {rate / 1024:.1f} KiB/s under {slow // 1024}"
+            )
+        # Once the raised quota is in force the window admits a burst the old quota never would.
+        series = [
+            (t, n * 1024 + m * 1024)
+            for (t, n), (_, m) in zip(sampler.by_partition[0], sampler.by_partition[1], strict=True)
+        ]
+        before = max(v for t, v in series if t <= reloaded)
+        after = min(v for t, v in series if t >= settle)
+        assert after - before > 4 * 2 * slow * (settle - reloaded), (
+            f"{(after - before) / 1024:.0f} KiB admitted"
+        )
+        assert all(n == 0 for _t, n in sampler.by_partition[2])
+        assert proxy.metric("kthrottle_config_reloads_total", {"result": "applied"}) == 1
+        assert proxy.metric("kthrottle_connections_total") == connections_before  # nobody reconnected
+
+
+@pytest.mark.timeout(60)
+def test_bad_reload_keeps_last_good_config(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
+    import json
+
+    quotas = {"clients": {"c1": {"producer_byte_rate": 1000}}}
+    with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
+        good = proxy.admin_get("/quotas")[1]
+        text = proxy.config_path.read_text()
+        proxy.config_path.write_text(text.replace("producer_byte_rate: 1000", "producer_byte_rate: -5"))
+        deadline = time.monotonic() + 10
+        while proxy.metric("kthrottle_config_reloads_total", {"result": "rejected"}) < 1:
+            assert time.monotonic() < deadline, proxy.log_tail()
+            time.sleep(0.2)
+        assert proxy.admin_get("/quotas")[1] == good
+        assert json.loads(good)["clients"]["c1"]["producer_byte_rate"] == 1000
+        assert (
+            "config reload refused" in proxy.log_text()
+            and "quotas.clients.c1.producer_byte_rate" in proxy.log_text()
+        )
+        state = json.loads(proxy.admin_get("/quotas/entity?client_id=c1")[1])
+        assert state["producer_byte_rate"]["quota"] == 1000 and state["producer_byte_rate"]["level"] == 7
