@@ -372,7 +372,7 @@ class KafkaCluster:
             "log.cleaner.dedupe.buffer.size": str(8 * 1024 * 1024),
             # Faster registration/unfencing at start, and faster fencing of a killed node in fault tests.
             "broker.heartbeat.interval.ms": "500",
-            "broker.session.timeout.ms": "6000",
+            "broker.session.timeout.ms": "12000",
             "controlled.shutdown.enable": "true",
             "num.recovery.threads.per.data.dir": "1",
         }

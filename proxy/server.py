@@ -38,9 +38,8 @@ class ProxyServer:
         self.pipelines: set[Pipeline] = set()
         self.draining = False
         self.upstream_ready = False
-        self._tasks: set[asyncio.Task[None]] = set()
         self._refresh_task: asyncio.Task[None] | None = None
-        self._opening: set[int] = set()
+        self._opening: dict[int, asyncio.Task[None]] = {}
 
     # --- start and stop ------------------------------------------------------------------------
 
@@ -49,8 +48,7 @@ class ProxyServer:
         cfg = self.cfg
         if cfg.mode == "gateway":
             await self._refresh_brokers(required=False)
-            for node_id in sorted(self.brokers.real):
-                await self._open_node_listener(node_id)
+            await self._open_known_listeners()
             assert cfg.gateway is not None
             await self._open("bootstrap", cfg.gateway.bootstrap_port, None)
         else:
@@ -76,27 +74,34 @@ class ProxyServer:
         return listener
 
     async def _open_node_listener(self, node_id: int) -> None:
-        name = f"broker-{node_id}"
-        if name in self.listeners or node_id in self._opening or self.cfg.gateway is None:
-            return
+        assert self.cfg.gateway is not None
         port = self.cfg.gateway.port_for(node_id)
         if port is None:
             log.error("broker node %d has no proxy port (broker_ports / broker_port_base)", node_id)
             return
-        self._opening.add(node_id)
         try:
-            await self._open(name, port, node_id)
+            await self._open(f"broker-{node_id}", port, node_id)
         except OSError as exc:
             log.error("cannot listen for broker node %d on port %d: %s", node_id, port, exc)
-        finally:
-            self._opening.discard(node_id)
+
+    def _ensure_listener(self, node_id: int) -> asyncio.Task[None] | None:
+        """Open node ``node_id``'s listener once; returns the task to await, if any is under way."""
+        if self.cfg.mode != "gateway" or f"broker-{node_id}" in self.listeners:
+            return None
+        task = self._opening.get(node_id)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._open_node_listener(node_id))
+            self._opening[node_id] = task
+            task.add_done_callback(lambda _t: self._opening.pop(node_id, None))
+        return task
+
+    async def _open_known_listeners(self) -> None:
+        tasks = [t for n in sorted(self.brokers.real) if (t := self._ensure_listener(n)) is not None]
+        if tasks:
+            await asyncio.gather(*tasks)
 
     def _on_new_node(self, node_id: int) -> None:
-        if self.cfg.mode != "gateway":
-            return
-        task = asyncio.get_running_loop().create_task(self._open_node_listener(node_id))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._ensure_listener(node_id)
 
     async def _refresh_brokers(self, required: bool) -> None:
         try:
@@ -116,8 +121,7 @@ class ProxyServer:
         while True:
             await asyncio.sleep(self.cfg.metadata_refresh_seconds if self.upstream_ready else 1.0)
             await self._refresh_brokers(required=False)
-            for node_id in list(self.brokers.real):
-                await self._open_node_listener(node_id)
+            await self._open_known_listeners()
 
     async def stop(self, drain_seconds: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish for a bounded time, then close all."""
@@ -139,7 +143,7 @@ class ProxyServer:
             self._refresh_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresh_task
-        for task in list(self._tasks):
+        for task in list(self._opening.values()):
             task.cancel()
         for listener in self.listeners.values():
             if listener.server is not None:

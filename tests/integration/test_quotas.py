@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 import re
+import statistics
 import subprocess
 import threading
 import time
@@ -60,18 +62,23 @@ class OffsetSampler:
         self.consumer.close()
 
 
-def steady_rate(samples: list[tuple[float, float]], t_from: float, t_to: float) -> float:
-    """Least-squares slope of cumulative amount over time in [t_from, t_to].
+def steady_rate(samples: list[tuple[float, float]], t_from: float, t_to: float, cycle: float = 11.0) -> float:
+    """Median rate over every ``cycle``-long window (quota.window.num x size) in [t_from, t_to].
 
-    Kafka's windowed quota lets a greedy client through in bursts, one per quota.window.num x
-    size as old samples expire; a slope over three such cycles measures the rate the quota
-    holds it to, where a difference of two points would depend on where the bursts fall.
+    Kafka's windowed quota lets a greedy client through in bursts, one per cycle, as old samples
+    expire; each window of exactly one cycle holds one burst wherever it falls, so the median of
+    those windows is the rate the quota holds the client to, whatever the phase of the bursts.
     """
-    pts = [(t, v) for t, v in samples if t_from <= t <= t_to]
-    assert len(pts) > 10, f"too few samples in [{t_from}, {t_to}]: {len(pts)}"
-    mt = sum(t for t, _ in pts) / len(pts)
-    mv = sum(v for _, v in pts) / len(pts)
-    return sum((t - mt) * (v - mv) for t, v in pts) / sum((t - mt) ** 2 for t, _ in pts)
+    times = [t for t, _ in samples]
+
+    def amount_at(x: float) -> float:
+        i = bisect.bisect_right(times, x) - 1
+        assert i >= 0, f"no sample before {x}"
+        return samples[i][1]
+
+    starts = [t_from + 0.25 * i for i in range(int((t_to - cycle - t_from) / 0.25) + 1)]
+    assert len(starts) >= 8, f"[{t_from}, {t_to}] is too short for {cycle} s windows"
+    return statistics.median((amount_at(x + cycle) - amount_at(x)) / cycle for x in starts)
 
 
 STEADY = (12.0, 45.0)  # after the initial burst the padded window allows; three 11 s cycles
@@ -158,6 +165,7 @@ def test_confluent_consumer_held_to_its_quota(kafka_broker: KafkaCluster, tmp_pa
                 "group.id": f"g-{topic}",
                 "client.id": "slow-consumer",
                 "auto.offset.reset": "earliest",
+                "max.partition.fetch.bytes": 262144,  # a fetch well under the quota's 11 s of bytes
                 "statistics.interval.ms": 1000,
                 "stats_cb": on_stats,
             }
@@ -256,7 +264,7 @@ def test_topic_partition_quota_and_hot_reload(kafka_broker: KafkaCluster, tmp_pa
         settle = reloaded + 1.0 + 2 * 0.5 + 0.5  # the one-second reload poll, two windows, slack
         for p in (0, 1):  # each partition has its own bucket at the topic's per-partition rate
             series = [(t, n * 1024) for t, n in sampler.by_partition[p]]
-            rate = steady_rate(series, 7.0, 23.5)
+            rate = steady_rate(series, 7.0, 23.5, cycle=11 * 0.5)
             assert abs(rate - slow) / slow < 0.15, (
                 f"partition {p}: {rate / 1024:.1f} KiB/s under {slow // 1024}"
             )
