@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.wire import CORRELATION_OFFSET, produce_request
 from dev.harness import KafkaCluster, java_command
 from dev.proxy_process import ProxyProcess, gateway_config
 
@@ -100,39 +101,11 @@ def consume(bootstrap: str, topic: str, records: int) -> dict[str, float]:
     return {"records": int(cols[4]), "rate": float(cols[9]), "mb_per_s": float(cols[8])}
 
 
-def _produce_request(topic: str, correlation_id: int, payload: bytes) -> bytes:
-    """One Produce v9 request (acks=1) carrying one 1-record batch; built once, reused."""
-    from kafka.record.default_records import DefaultRecordBatchBuilder
-
-    from protocol import messages
-    from protocol.frames import SIZE, RequestHeader, encode_request_header
-
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 20,
-    )
-    builder.append(0, timestamp=int(time.time() * 1000), key=None, value=payload, headers=[])
-    body = {
-        "transactional_id": None,
-        "acks": 1,
-        "timeout_ms": 30000,
-        "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": bytes(builder.build())}]}],
-    }
-    frame = encode_request_header(RequestHeader(0, 9, correlation_id, "latency-probe", 0))
-    frame += messages.encode(0, 9, body, response=False)
-    return SIZE.pack(len(frame)) + bytes(frame)
-
-
 async def _probe(host: str, port: int, topic: str, seconds: float, rate: int, warmup: float) -> list[float]:
     import asyncio
 
     reader, writer = await asyncio.open_connection(host, port)
-    template = bytearray(_produce_request(topic, 0, b"x" * 1024))
+    template = produce_request(topic, 0, b"x" * 1024, "latency-probe")
     sent_at: dict[int, float] = {}
     samples: list[float] = []
     total = int((seconds + warmup) * rate)
@@ -155,7 +128,7 @@ async def _probe(host: str, port: int, topic: str, seconds: float, rate: int, wa
         delay = start + cid / rate - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        template[8:12] = cid.to_bytes(4, "big")  # correlation id, after size, api key and version
+        template[CORRELATION_OFFSET : CORRELATION_OFFSET + 4] = cid.to_bytes(4, "big")
         sent_at[cid] = time.perf_counter()
         writer.write(template)
     await asyncio.wait_for(receiver, 60)

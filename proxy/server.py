@@ -11,6 +11,7 @@ from proxy.brokers import BrokerDirectory
 from proxy.config import ProxyConfig
 from proxy.metrics import ProxyMetrics
 from proxy.pipeline import Pipeline, _ClientProtocol
+from proxy.quota_metrics import QuotaCollector
 from proxy.throttling import QuotaEnforcer
 from proxy.upstream_client import fetch_brokers
 
@@ -34,6 +35,7 @@ class ProxyServer:
         self.metrics = metrics or ProxyMetrics()
         self.brokers = BrokerDirectory(cfg, on_new_node=self._on_new_node)
         self.enforcer = QuotaEnforcer(cfg.quotas, self.metrics)
+        self.metrics.registry.register(QuotaCollector(self.enforcer, cfg.quotas.metrics_max_series))
         self.listeners: dict[str, Listener] = {}
         self.pipelines: set[Pipeline] = set()
         self.draining = False

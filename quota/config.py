@@ -73,3 +73,5 @@ class QuotaConfig(_Strict):
     topics: dict[str, TopicQuotas] = Field(default_factory=dict)
     # Entity and partition state unused this long is dropped (Kafka: one hour).
     idle_expiry_seconds: float = Field(3600.0, gt=0)
+    # Per-entity and per-partition metric series; the rest are summed under "__other__".
+    metrics_max_series: int = Field(500, ge=1, le=100_000)

@@ -115,6 +115,7 @@ class ByteRateQuotas:
         rate.record(size, now_ms)
         measured = rate.measure(now_ms)
         client_ms = throttle_time_ms(measured, match.quota, rate.window_ms(now_ms)) if match else 0
+        rate.throttled_ms += client_ms
         part_ms = 0
         worst: PartitionKey | None = None
         for usage in partitions:
@@ -125,6 +126,7 @@ class ByteRateQuotas:
             prate = self._rate(self.partitions, key, now_ms)
             prate.record(usage.size, now_ms)
             ms = throttle_time_ms(prate.measure(now_ms), quota, prate.window_ms(now_ms))
+            prate.throttled_ms += ms
             if ms > part_ms:
                 part_ms, worst = ms, key
         self.maybe_expire(now_ms)

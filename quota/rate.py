@@ -41,13 +41,14 @@ class _Sample:
 class SampledRate:
     """A byte rate measured the way Kafka measures it (values per second)."""
 
-    __slots__ = ("_current", "_samples", "last_record_ms", "window")
+    __slots__ = ("_current", "_samples", "last_record_ms", "throttled_ms", "window")
 
     def __init__(self, window: QuotaWindow, now_ms: float) -> None:
         self.window = window
         self._samples: list[_Sample] = [_Sample(now_ms)]
         self._current = 0
         self.last_record_ms = now_ms
+        self.throttled_ms = 0.0  # throttle decided against this rate so far (for metrics)
 
     def record(self, value: float, now_ms: float) -> None:
         sample = self._samples[self._current]

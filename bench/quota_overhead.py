@@ -1,0 +1,132 @@
+"""Proxy CPU per request with byte-rate quotas on versus off, at 10,000 distinct client ids.
+
+Two proxies run side by side in front of one broker: one with no quotas, one where every client
+id matches a quota (a `<default>` client quota, a `<default>` user quota and a topic quota, all
+far above the load, so every request is measured and checked but none is throttled). A load
+generator sends the same small Produce requests through each in turn, cycling through 10,000
+client ids, and the proxies' own CPU time is read from /proc. Prints one JSON line last:
+
+  quota_overhead_us_per_request   CPU microseconds per request, quotas on minus quotas off
+  cpu_us_per_request              {off, on}
+
+Usage: source dev/setup.sh && python bench/quota_overhead.py [--requests 200000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.wire import CORRELATION_OFFSET, cpu_seconds, produce_request
+from dev.harness import KafkaCluster, run_tool
+from dev.proxy_process import ProxyProcess, gateway_config
+
+CLIENT_IDS = 10_000
+CONNECTIONS = 8
+WINDOW = 64  # requests in flight per connection
+
+
+async def _connection(host: str, port: int, frames: list[bytearray], count: int) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    sem = asyncio.Semaphore(WINDOW)
+
+    async def receive() -> None:
+        for _ in range(count):
+            size = int.from_bytes(await reader.readexactly(4), "big")
+            await reader.readexactly(size)
+            sem.release()
+
+    receiver = asyncio.create_task(receive())
+    for i in range(count):
+        await sem.acquire()
+        frame = frames[i % len(frames)]
+        frame[CORRELATION_OFFSET : CORRELATION_OFFSET + 4] = i.to_bytes(4, "big")
+        writer.write(frame)
+    await asyncio.wait_for(receiver, 300)
+    writer.close()
+
+
+async def _load(bootstrap: str, requests: int) -> None:
+    host, port = bootstrap.rsplit(":", 1)
+    per_conn = requests // CONNECTIONS
+    jobs = []
+    for c in range(CONNECTIONS):
+        # Each connection cycles through its share of the client ids (the id is per request).
+        ids = range(c, CLIENT_IDS, CONNECTIONS)
+        frames = [produce_request("overhead", 0, b"v" * 100, f"client-{i}") for i in ids]
+        jobs.append(_connection(host, int(port), frames, per_conn))
+    await asyncio.gather(*jobs)
+
+
+def measure(proxy: ProxyProcess, requests: int) -> float:
+    """Proxy CPU microseconds per request for one run of the load."""
+    assert proxy.proc is not None
+    before = cpu_seconds(proxy.proc.pid)
+    asyncio.run(_load(proxy.bootstrap, requests))
+    return (cpu_seconds(proxy.proc.pid) - before) / requests * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    big = 10 * 1024**3
+    quotas = {
+        "clients": {"<default>": {"producer_byte_rate": big}},
+        "users": {"<default>": {"clients": {"<default>": {"producer_byte_rate": big}}}},
+        "topics": {"<default>": {"producer.byte.rate": big}},
+    }
+    with KafkaCluster(brokers=1) as cluster:
+        run_tool(
+            "TopicCommand",
+            "--bootstrap-server",
+            cluster.bootstrap_servers,
+            "--create",
+            "--topic",
+            "overhead",
+            "--partitions",
+            "1",
+            "--replication-factor",
+            "1",
+        )
+        with (
+            ProxyProcess(gateway_config(cluster, log_level="WARNING")) as off,
+            ProxyProcess(gateway_config(cluster, log_level="WARNING", quotas=quotas)) as on,
+        ):
+            measure(off, args.requests // 4)  # warm-up both
+            measure(on, args.requests // 4)
+            results: dict[str, list[float]] = {"off": [], "on": []}
+            for rnd in range(args.rounds):
+                order = [("off", off), ("on", on)] if rnd % 2 == 0 else [("on", on), ("off", off)]
+                for name, proxy in order:
+                    us = measure(proxy, args.requests)
+                    results[name].append(us)
+                    print(f"round {rnd} quotas {name}: {us:.1f} us CPU per request", flush=True)
+            entities = on.metric("kthrottle_client_byte_rate") > 0
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print(
+        json.dumps(
+            {
+                "quota_overhead_us_per_request": round(med["on"] - med["off"], 2),
+                "cpu_us_per_request": {k: round(v, 2) for k, v in med.items()},
+                "distinct_client_ids": CLIENT_IDS,
+                "requests_per_run": args.requests,
+                "rounds": args.rounds,
+                "quota_state_exported": entities,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Shared pieces for benchmarks: raw Kafka requests for load generators, process CPU readings.
+
+Benchmarks only: the acceptance tests use real clients.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from protocol import messages
+from protocol.frames import SIZE, RequestHeader, encode_request_header
+
+
+def produce_request(topic: str, correlation_id: int, payload: bytes, client_id: str = "bench") -> bytearray:
+    """One framed Produce v9 request (acks=1) carrying a 1-record batch for partition 0."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
+    builder.append(0, timestamp=int(time.time() * 1000), key=None, value=payload, headers=[])
+    body = {
+        "transactional_id": None,
+        "acks": 1,
+        "timeout_ms": 30000,
+        "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": bytes(builder.build())}]}],
+    }
+    frame = encode_request_header(RequestHeader(0, 9, correlation_id, client_id, 0))
+    frame += messages.encode(0, 9, body, response=False)
+    return bytearray(SIZE.pack(len(frame)) + bytes(frame))
+
+
+CORRELATION_OFFSET = 8  # size (4), api key (2), api version (2), then the correlation id
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a process has used so far."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

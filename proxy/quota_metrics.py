@@ -1,0 +1,67 @@
+"""Per-entity and per-partition quota metrics, like Kafka's byte-rate and throttle-time sensors.
+
+Collected at scrape time from the quota state, so the request path pays nothing for them. Label
+cardinality is bounded: the ``max_series`` busiest entities (by current rate) and partitions get
+their own series; the rest are summed into one series labelled ``__other__``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from proxy.throttling import QuotaEnforcer
+from quota.rate import SampledRate
+
+OTHER = "__other__"
+
+
+class QuotaCollector(Collector):
+    def __init__(self, enforcer: QuotaEnforcer, max_series: int = 500) -> None:
+        self.enforcer = enforcer
+        self.max_series = max_series
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        now = self.enforcer.now_ms()
+        rate = GaugeMetricFamily(
+            "kthrottle_client_byte_rate",
+            "Bytes per second of each quota bucket (user, client-id), as the quota measures it",
+            labels=["direction", "user", "client_id"],
+        )
+        throttle = CounterMetricFamily(
+            "kthrottle_client_throttle_time_ms",
+            "Throttle time decided for each quota bucket (user, client-id)",
+            labels=["direction", "user", "client_id"],
+        )
+        prate = GaugeMetricFamily(
+            "kthrottle_partition_byte_rate",
+            "Bytes per second of each topic-partition with a topic quota (KIP-1010)",
+            labels=["direction", "topic", "partition"],
+        )
+        pthrottle = CounterMetricFamily(
+            "kthrottle_partition_throttle_time_ms",
+            "Throttle time decided for each topic-partition with a topic quota",
+            labels=["direction", "topic", "partition"],
+        )
+        for quotas in (self.enforcer.produce, self.enforcer.fetch):
+            direction = "produce" if quotas.produce else "fetch"
+            for (a, b), measured, throttled in self._bounded(quotas.clients, now):
+                rate.add_metric([direction, str(a), str(b)], measured)
+                throttle.add_metric([direction, str(a), str(b)], throttled)
+            for (topic, part), measured, throttled in self._bounded(quotas.partitions, now):
+                prate.add_metric([direction, topic, str(part)], measured)
+                pthrottle.add_metric([direction, topic, str(part)], throttled)
+        yield from (rate, throttle, prate, pthrottle)
+
+    def _bounded(
+        self, table: dict[tuple[str, str], SampledRate] | dict[tuple[str, int], SampledRate], now: float
+    ) -> Iterator[tuple[tuple[str, str] | tuple[str, int], float, float]]:
+        rows = sorted(
+            ((k, r.measure(now), r.throttled_ms) for k, r in table.items()), key=lambda row: -row[1]
+        )
+        yield from rows[: self.max_series]
+        rest = rows[self.max_series :]
+        if rest:
+            yield (OTHER, OTHER), sum(r[1] for r in rest), sum(r[2] for r in rest)
