@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import contextlib
 import re
 import statistics
 import subprocess
@@ -304,3 +305,104 @@ def test_bad_reload_keeps_last_good_config(kafka_broker: KafkaCluster, tmp_path:
         )
         state = json.loads(proxy.admin_get("/quotas/entity?client_id=c1")[1])
         assert state["producer_byte_rate"]["quota"] == 1000 and state["producer_byte_rate"]["level"] == 7
+
+
+def _confluent_burst(bootstrap: str, topic: str, records: int) -> float:
+    """Bytes per second a free librdkafka producer achieves for ``records`` 1 KiB records."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": 1, "client.id": "free"})
+    payload = b"f" * 1024
+    started = time.monotonic()
+    for _ in range(records):
+        while True:
+            try:
+                producer.produce(topic, payload)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    return records * 1024 / (time.monotonic() - started)
+
+
+@pytest.mark.timeout(300)
+def test_client_without_quota_is_unaffected(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
+    topic = f"q-free-{uuid.uuid4().hex[:6]}"
+    slow_topic = f"q-slow-{uuid.uuid4().hex[:6]}"
+    _create_topic(kafka_broker, topic)
+    _create_topic(kafka_broker, slow_topic)
+    quotas = {"clients": {"throttled": {"producer_byte_rate": 256 * 1024}}}
+    with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
+        records = 150_000
+        _confluent_burst(proxy.bootstrap, topic, 20_000)  # warm-up
+        alone = max(_confluent_burst(proxy.bootstrap, topic, records) for _ in range(2))
+        cmd = java_command(
+            "org.apache.kafka.tools.ProducerPerformance",
+            "--topic",
+            slow_topic,
+            "--num-records",
+            "10000000",
+            "--record-size",
+            "1024",
+            "--throughput",
+            "-1",
+            "--producer-props",
+            f"bootstrap.servers={proxy.bootstrap}",
+            "client.id=throttled",
+            "acks=1",
+        )
+        throttled = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(6)  # past its first burst: from here on it is held by its quota
+            together = max(_confluent_burst(proxy.bootstrap, topic, records) for _ in range(2))
+            assert throttled.poll() is None
+        finally:
+            throttled.kill()
+            throttled.wait(30)
+        assert proxy.metric("kthrottle_throttled_requests_total", {"api": "Produce", "mode": "applied"}) > 0
+        assert together >= 0.9 * alone, (
+            f"free client: {together / MiB:.1f} MiB/s beside, {alone / MiB:.1f} alone"
+        )
+
+
+@pytest.mark.timeout(240)
+def test_pre_kip219_client_is_held_by_muting(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
+    from kafka import KafkaProducer
+
+    topic = f"q-old-{uuid.uuid4().hex[:6]}"
+    _create_topic(kafka_broker, topic)
+    quota = 256 * 1024
+    quotas = {"clients": {"old-client": {"producer_byte_rate": quota}}}
+    with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
+        # api_version (1, 0): Produce v5, before KIP-219's v6, so the client ignores throttle_time_ms
+        # and keeps sending; only the proxy's mute can hold it.
+        producer = KafkaProducer(
+            bootstrap_servers=proxy.bootstrap, client_id="old-client", acks=1, api_version=(1, 0), linger_ms=5
+        )
+        sampler = OffsetSampler(kafka_broker, topic)
+        stop = threading.Event()
+
+        def produce() -> None:
+            payload = b"o" * 1024
+            while not stop.is_set():
+                with contextlib.suppress(Exception):  # a full buffer times out in max_block_ms
+                    producer.send(topic, payload)
+
+        worker = threading.Thread(target=produce, daemon=True)
+        start = time.monotonic()
+        worker.start()
+        try:
+            sampler.sample_until(start, 34.0)
+        finally:
+            stop.set()
+            worker.join(30)
+            with contextlib.suppress(Exception):  # what is still buffered may not make it in time
+                producer.close(timeout=5)
+            sampler.close()
+        rate = steady_rate([(t, n * 1024) for t, n in sampler.samples], 12.0, 34.0)
+        assert abs(rate - quota) / quota < 0.15, (
+            f"old client at {rate / 1024:.0f} KiB/s, quota {quota // 1024}"
+        )
+        produce_v5 = proxy.metric("kthrottle_requests_total", {"api": "Produce"})
+        assert produce_v5 > 0
