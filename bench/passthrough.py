@@ -32,7 +32,6 @@ from dev.proxy_process import ProxyProcess, gateway_config
 
 PRODUCER = "org.apache.kafka.tools.ProducerPerformance"
 CONSUMER = "org.apache.kafka.tools.ConsumerPerformance"
-TOPIC_CMD = "org.apache.kafka.tools.TopicCommand"
 
 _SUMMARY = re.compile(
     r"(\d+) records sent, ([\d.]+) records/sec .*?, ([\d.]+) ms avg latency, ([\d.]+) ms max latency, "
@@ -170,19 +169,8 @@ def main() -> None:
         ProxyProcess(gateway_config(cluster, log_level="WARNING")) as proxy,
     ):
         direct, proxied = cluster.bootstrap_servers, proxy.bootstrap
-        for topic, partitions in (("bench", "6"), ("latency", "1")):
-            run(
-                TOPIC_CMD,
-                "--bootstrap-server",
-                direct,
-                "--create",
-                "--topic",
-                topic,
-                "--partitions",
-                partitions,
-                "--replication-factor",
-                "1",
-            )
+        cluster.create_topic("bench", 6)
+        cluster.create_topic("latency", 1)
         # Warm up the JIT of the broker and the page cache, both ways.
         produce(direct, "bench", 50_000, -1)
         produce(proxied, "bench", 50_000, -1)

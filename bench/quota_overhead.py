@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.wire import CORRELATION_OFFSET, cpu_seconds, produce_request
-from dev.harness import KafkaCluster, run_tool
+from dev.harness import KafkaCluster
 from dev.proxy_process import ProxyProcess, gateway_config
 
 CLIENT_IDS = 10_000
@@ -87,18 +87,7 @@ def main() -> None:
         "topics": {"<default>": {"producer.byte.rate": big}},
     }
     with KafkaCluster(brokers=1) as cluster:
-        run_tool(
-            "TopicCommand",
-            "--bootstrap-server",
-            cluster.bootstrap_servers,
-            "--create",
-            "--topic",
-            "overhead",
-            "--partitions",
-            "1",
-            "--replication-factor",
-            "1",
-        )
+        cluster.create_topic("overhead")
         with (
             ProxyProcess(gateway_config(cluster, log_level="WARNING")) as off,
             ProxyProcess(gateway_config(cluster, log_level="WARNING", quotas=quotas)) as on,

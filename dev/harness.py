@@ -436,6 +436,23 @@ class KafkaCluster:
             self.stop_node(node_id, kill=True)
             raise
 
+    def create_topic(self, name: str, partitions: int = 1, replication: int = 1) -> None:
+        """Create a topic straight on the brokers with Kafka's TopicCommand; raises with its stderr."""
+        proc = run_tool(
+            "org.apache.kafka.tools.TopicCommand",
+            "--bootstrap-server",
+            self.bootstrap_servers,
+            "--create",
+            "--topic",
+            name,
+            "--partitions",
+            str(partitions),
+            "--replication-factor",
+            str(replication),
+        )
+        if proc.returncode != 0:
+            raise KafkaHarnessError(f"creating topic {name} failed:\n{proc.stderr[-2000:]}")
+
     def tool_command(self) -> str:
         """A shell line to run Kafka tools against this cluster (printed by the CLI)."""
         return f"{shlex.join(java_command('<MainClass>'))} --bootstrap-server {self.bootstrap_servers}"

@@ -22,22 +22,6 @@ pytestmark = pytest.mark.integration
 MiB = 1024 * 1024
 
 
-def _create_topic(cluster: KafkaCluster, topic: str, partitions: int = 1) -> None:
-    proc = run_tool(
-        "TopicCommand",
-        "--bootstrap-server",
-        cluster.bootstrap_servers,
-        "--create",
-        "--topic",
-        topic,
-        "--partitions",
-        str(partitions),
-        "--replication-factor",
-        "1",
-    )
-    assert proc.returncode == 0, proc.stderr
-
-
 class OffsetSampler:
     """Samples, from the broker directly (not through the proxy), how many records a topic holds."""
 
@@ -88,7 +72,7 @@ STEADY = (12.0, 45.0)  # after the initial burst the padded window allows; three
 @pytest.mark.timeout(240)
 def test_java_producer_held_to_its_quota(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
     topic = f"q-produce-{uuid.uuid4().hex[:6]}"
-    _create_topic(kafka_broker, topic)
+    kafka_broker.create_topic(topic)
     quotas = {"clients": {"throttled-producer": {"producer_byte_rate": MiB}}}
     with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
         record = 1024
@@ -134,7 +118,7 @@ def test_confluent_consumer_held_to_its_quota(kafka_broker: KafkaCluster, tmp_pa
     from confluent_kafka import Consumer
 
     topic = f"q-fetch-{uuid.uuid4().hex[:6]}"
-    _create_topic(kafka_broker, topic)
+    kafka_broker.create_topic(topic)
     fill = run_tool(
         "ProducerPerformance",
         "--topic",
@@ -210,7 +194,7 @@ def test_topic_partition_quota_and_hot_reload(kafka_broker: KafkaCluster, tmp_pa
     from confluent_kafka import Producer
 
     topic = f"q-topic-{uuid.uuid4().hex[:6]}"
-    _create_topic(kafka_broker, topic, partitions=6)
+    kafka_broker.create_topic(topic, 6)
     slow, fast = 64 * 1024, 512 * 1024
     # Half-second windows: the quota's burst cycle (num x size) is 5.5 s, so a test sees several.
     quotas = {"window": {"num": 11, "size_seconds": 0.5}, "topics": {topic: {"producer.byte.rate": slow}}}
@@ -330,8 +314,8 @@ def _confluent_burst(bootstrap: str, topic: str, records: int) -> float:
 def test_client_without_quota_is_unaffected(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
     topic = f"q-free-{uuid.uuid4().hex[:6]}"
     slow_topic = f"q-slow-{uuid.uuid4().hex[:6]}"
-    _create_topic(kafka_broker, topic)
-    _create_topic(kafka_broker, slow_topic)
+    kafka_broker.create_topic(topic)
+    kafka_broker.create_topic(slow_topic)
     quotas = {"clients": {"throttled": {"producer_byte_rate": 256 * 1024}}}
     with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
         records = 150_000
@@ -371,7 +355,7 @@ def test_pre_kip219_client_is_held_by_muting(kafka_broker: KafkaCluster, tmp_pat
     from kafka import KafkaProducer
 
     topic = f"q-old-{uuid.uuid4().hex[:6]}"
-    _create_topic(kafka_broker, topic)
+    kafka_broker.create_topic(topic)
     quota = 256 * 1024
     quotas = {"clients": {"old-client": {"producer_byte_rate": quota}}}
     with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
