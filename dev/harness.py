@@ -252,11 +252,17 @@ class KafkaNode:
     controller_port: int
     data_dir: Path
     process: subprocess.Popen[bytes] | None = None
+    sasl_port: int = 0  # the SASL_PLAINTEXT listener, when the cluster has SASL users
 
     @property
     def address(self) -> str:
         """host:port of the PLAINTEXT (client) listener."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_address(self) -> str:
+        """host:port of the SASL_PLAINTEXT listener (PLAIN and SCRAM-SHA-256)."""
+        return f"127.0.0.1:{self.sasl_port}"
 
     @property
     def log_dir(self) -> Path:
@@ -306,8 +312,14 @@ class KafkaCluster:
     """
 
     def __init__(
-        self, brokers: int = 1, workdir: Path | None = None, config: dict[str, str] | None = None
+        self,
+        brokers: int = 1,
+        workdir: Path | None = None,
+        config: dict[str, str] | None = None,
+        sasl_users: dict[str, str] | None = None,
     ) -> None:
+        """``sasl_users`` (name -> password) adds a SASL_PLAINTEXT listener where each user can
+        log in with PLAIN or SCRAM-SHA-256; the PLAINTEXT listener stays for tools and checks."""
         if brokers < 1:
             raise ValueError("a cluster needs at least one broker")
         self._own_workdir = workdir is None
@@ -319,6 +331,11 @@ class KafkaCluster:
             for node_id in range(1, brokers + 1)
         ]
         self.bootstrap_servers = ",".join(node.address for node in self.nodes)
+        self.sasl_users = dict(sasl_users or {})
+        if self.sasl_users:
+            for node in self.nodes:
+                node.sasl_port = free_port()
+        self.sasl_bootstrap_servers = ",".join(n.sasl_address for n in self.nodes) if self.sasl_users else ""
         _live_clusters.add(self)
 
     # context manager -------------------------------------------------------------------------------------
@@ -376,6 +393,18 @@ class KafkaCluster:
             "controlled.shutdown.enable": "true",
             "num.recovery.threads.per.data.dir": "1",
         }
+        if self.sasl_users:
+            sasl = f"SASL_PLAINTEXT://127.0.0.1:{node.sasl_port}"
+            plain_users = " ".join(f'user_{u}="{pw}"' for u, pw in self.sasl_users.items())
+            plain_module = "org.apache.kafka.common.security.plain.PlainLoginModule"
+            scram_module = "org.apache.kafka.common.security.scram.ScramLoginModule"
+            props["listeners"] += "," + sasl
+            props["advertised.listeners"] += "," + sasl
+            props["listener.security.protocol.map"] += ",SASL_PLAINTEXT:SASL_PLAINTEXT"
+            props["sasl.enabled.mechanisms"] = "PLAIN,SCRAM-SHA-256"
+            jaas = "listener.name.sasl_plaintext.{}.sasl.jaas.config"
+            props[jaas.format("plain")] = f"{plain_module} required {plain_users};"
+            props[jaas.format("scram-sha-256")] = f"{scram_module} required;"
         props.update(self.config)
         return props
 
@@ -488,6 +517,11 @@ class KafkaCluster:
                     "--cluster-id",
                     self.cluster_id,
                     "--ignore-formatted",
+                    *[
+                        arg
+                        for u, pw in self.sasl_users.items()
+                        for arg in ("--add-scram", f"SCRAM-SHA-256=[name={u},password={pw}]")
+                    ],
                     heap="256m",
                 )
                 proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out)

@@ -82,6 +82,27 @@ class SidecarConfig(Strict):
         return value
 
 
+class UpstreamSasl(Strict):
+    """The proxy's own login, for its broker discovery when the upstream listener needs SASL."""
+
+    mechanism: Literal["PLAIN"] = "PLAIN"
+    username: str = Field(min_length=1)
+    password: str | None = None
+    password_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_password(self) -> UpstreamSasl:
+        if (self.password is None) == (self.password_file is None):
+            raise ValueError("give exactly one of password and password_file")
+        return self
+
+    def secret(self) -> str:
+        if self.password is not None:
+            return self.password
+        assert self.password_file is not None
+        return self.password_file.read_text(encoding="utf-8").strip()
+
+
 class ProxyConfig(Strict):
     mode: Literal["gateway", "sidecar"] = "gateway"
     bind_host: str = "127.0.0.1"
@@ -93,6 +114,7 @@ class ProxyConfig(Strict):
     drain_seconds: float = Field(10.0, ge=0, le=600)
     metadata_refresh_seconds: float = Field(30.0, gt=0, le=3600)
     admin: AdminConfig = Field(default_factory=AdminConfig)
+    upstream_sasl: UpstreamSasl | None = None
     quotas: QuotaConfig = Field(default_factory=QuotaConfig)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

@@ -27,6 +27,7 @@ from protocol.frames import (
     parse_request_header,
     response_header_size,
 )
+from protocol.sasl import SaslTracker
 from protocol.schema import SchemaError
 from protocol.versions import DECODED_APIS, NODE_ENDPOINTS_FROM, codec_versions
 from proxy.throttling import (
@@ -147,6 +148,7 @@ class Pipeline:
         self._upstream_pauses: set[str] = set()
         self.closed = False
         self.user = ANONYMOUS  # the authenticated principal, once the proxy knows it
+        self.sasl = SaslTracker()
         self._mute_until = 0.0
         self._mute_handle: asyncio.TimerHandle | None = None
         self._pending_throttles = 0  # throttled produce requests whose response is still to come
@@ -311,6 +313,16 @@ class Pipeline:
                     self.pause_client(_THROTTLE_PENDING)
                 else:
                     self.mute(throttle_ms)
+        elif key in (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE):
+            try:
+                sasl = messages.decode_request(key, version, memoryview(frame)[header.size :])
+            except SchemaError as exc:
+                self.reject(f"malformed {api_name(key)} v{version} request: {exc}", "malformed")
+                return
+            if key == ApiKey.SASL_HANDSHAKE:
+                self.sasl.on_handshake(str(sasl.get("mechanism", "")))
+            else:
+                self.sasl.on_authenticate_request(bytes(sasl.get("auth_bytes") or b""))
         elif key == ApiKey.FETCH and self.server.enforcer.fetch.active:
             try:
                 fetch = self._prepare_fetch(frame, header, client_id)
@@ -412,6 +424,8 @@ class Pipeline:
             self.close(f"response correlation id {correlation_id} != expected {entry.correlation_id}")
             return
         key = entry.api_key
+        if key == ApiKey.SASL_AUTHENTICATE:
+            self._sasl_result(entry, frame)
         addresses = key in _REWRITE_ALWAYS or (
             key in NODE_ENDPOINTS_FROM and entry.api_version >= NODE_ENDPOINTS_FROM[key]
         )
@@ -435,6 +449,19 @@ class Pipeline:
         self._flush_local()
         if self.server.draining and not self.in_flight:
             self.close("drained for shutdown", level=logging.INFO)
+
+    def _sasl_result(self, entry: InFlight, frame: bytearray) -> None:
+        """Take the claimed user as this connection's principal once the broker accepts it."""
+        try:
+            hsize = response_header_size(entry.api_key, entry.api_version, frame)
+            body = messages.decode_response(entry.api_key, entry.api_version, memoryview(frame)[hsize:])
+        except (SchemaError, FrameError) as exc:
+            log.warning("conn %d: unreadable SaslAuthenticate response: %s", self.id, exc)
+            return
+        principal = self.sasl.on_authenticate_response(int(body.get("error_code", -1)))
+        if principal is not None:
+            self.user = principal
+            log.debug("conn %d from %s authenticated as %s", self.id, self.peer, principal)
 
     def _rewrite(self, entry: InFlight, frame: bytearray, addresses: bool) -> bytearray:
         """Apply quotas and address rewriting to a response; re-encode only if something changed.

@@ -13,7 +13,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.pipeline import Pipeline, _ClientProtocol
 from proxy.quota_metrics import QuotaCollector
 from proxy.throttling import QuotaEnforcer
-from proxy.upstream_client import fetch_brokers
+from proxy.upstream_client import PlainCredentials, fetch_brokers
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,10 @@ class ProxyServer:
 
     async def _refresh_brokers(self, required: bool) -> None:
         try:
-            nodes = await fetch_brokers(self.brokers.bootstrap, self.cfg.connect_timeout_seconds)
-        except ConnectionError as exc:
+            sasl = self.cfg.upstream_sasl
+            creds = PlainCredentials(sasl.username, sasl.secret()) if sasl is not None else None
+            nodes = await fetch_brokers(self.brokers.bootstrap, self.cfg.connect_timeout_seconds, creds)
+        except (ConnectionError, OSError) as exc:  # OSError: an unreadable password_file
             self.upstream_ready = False
             self.metrics.upstream_errors.labels("metadata").inc()
             log.warning("broker discovery failed: %s", exc)

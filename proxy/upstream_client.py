@@ -1,9 +1,14 @@
-"""A minimal Kafka client for the proxy's own questions to the cluster (which brokers exist)."""
+"""A minimal Kafka client for the proxy's own questions to the cluster (which brokers exist).
+
+When the upstream listener requires SASL, the proxy logs in with its own PLAIN credentials
+(``upstream_sasl`` in the config) before asking.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 from protocol import messages
@@ -11,30 +16,70 @@ from protocol.api_keys import ApiKey
 from protocol.frames import SIZE, RequestHeader, encode_request_header, response_header_size
 
 METADATA_VERSION = 12
+SASL_HANDSHAKE_VERSION = 1
+SASL_AUTHENTICATE_VERSION = 2
 
 
-async def request(
-    host: str, port: int, api_key: int, version: int, body: dict[str, Any], timeout: float
-) -> dict[str, Any]:
-    """Send one request on a fresh connection and decode the response."""
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    try:
-        header = RequestHeader(api_key, version, 1, "kthrottle", 0)
+@dataclass(frozen=True)
+class PlainCredentials:
+    username: str
+    password: str
+
+
+class _Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout: float) -> None:
+        self.reader, self.writer, self.timeout = reader, writer, timeout
+        self.correlation_id = 0
+
+    async def call(self, api_key: int, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        self.correlation_id += 1
+        header = RequestHeader(api_key, version, self.correlation_id, "kthrottle", 0)
         payload = encode_request_header(header) + messages.encode(api_key, version, body, response=False)
-        writer.write(SIZE.pack(len(payload)) + payload)
-        await writer.drain()
-        (size,) = SIZE.unpack(await asyncio.wait_for(reader.readexactly(4), timeout))
-        frame = await asyncio.wait_for(reader.readexactly(size), timeout)
+        self.writer.write(SIZE.pack(len(payload)) + payload)
+        await self.writer.drain()
+        (size,) = SIZE.unpack(await asyncio.wait_for(self.reader.readexactly(4), self.timeout))
+        frame = await asyncio.wait_for(self.reader.readexactly(size), self.timeout)
         (correlation_id,) = struct.unpack_from(">i", frame, 0)
-        if correlation_id != 1:
+        if correlation_id != self.correlation_id:
             raise ConnectionError(f"unexpected correlation id {correlation_id}")
         hsize = response_header_size(api_key, version, frame)
         return messages.decode_response(api_key, version, memoryview(frame)[hsize:])
+
+    async def login(self, creds: PlainCredentials) -> None:
+        shake = await self.call(ApiKey.SASL_HANDSHAKE, SASL_HANDSHAKE_VERSION, {"mechanism": "PLAIN"})
+        if shake["error_code"] != 0:
+            raise ConnectionError(f"upstream refused SASL PLAIN (error {shake['error_code']})")
+        token = b"\x00" + creds.username.encode() + b"\x00" + creds.password.encode()
+        auth = await self.call(ApiKey.SASL_AUTHENTICATE, SASL_AUTHENTICATE_VERSION, {"auth_bytes": token})
+        if auth["error_code"] != 0:
+            raise ConnectionError(
+                f"upstream SASL login as {creds.username} failed: {auth.get('error_message')}"
+            )
+
+
+async def request(
+    host: str,
+    port: int,
+    api_key: int,
+    version: int,
+    body: dict[str, Any],
+    timeout: float,
+    sasl: PlainCredentials | None = None,
+) -> dict[str, Any]:
+    """Send one request on a fresh connection (logging in first if asked) and decode the response."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    try:
+        conn = _Connection(reader, writer, timeout)
+        if sasl is not None:
+            await conn.login(sasl)
+        return await conn.call(api_key, version, body)
     finally:
         writer.close()
 
 
-async def fetch_brokers(addresses: list[tuple[str, int]], timeout: float) -> list[tuple[int, str, int]]:
+async def fetch_brokers(
+    addresses: list[tuple[str, int]], timeout: float, sasl: PlainCredentials | None = None
+) -> list[tuple[int, str, int]]:
     """(node_id, host, port) of every live broker, from the first bootstrap address that answers."""
     last: BaseException | None = None
     for host, port in addresses:
@@ -46,6 +91,7 @@ async def fetch_brokers(addresses: list[tuple[str, int]], timeout: float) -> lis
                 METADATA_VERSION,
                 {"topics": [], "allow_auto_topic_creation": False},
                 timeout,
+                sasl,
             )
         except (TimeoutError, OSError, asyncio.IncompleteReadError, ConnectionError) as exc:
             last = exc

@@ -1,0 +1,151 @@
+"""User quotas with SASL principals: the proxy reads who authenticated (PLAIN, SCRAM) from the
+exchange it forwards, and the broker's verdict decides whether that name is ever charged."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dev.harness import KafkaCluster
+from dev.proxy_process import ProxyProcess, gateway_config
+from tests.integration.test_quotas import OffsetSampler, steady_rate
+
+pytestmark = pytest.mark.integration
+
+USERS = {"alice": "alice-secret", "bob": "bob-secret"}
+KiB = 1024
+ALICE, BOB, SPECIAL, DEFAULT_CLIENT = 128 * KiB, 384 * KiB, 1024 * KiB, 32 * KiB
+
+
+@pytest.fixture(scope="module")
+def sasl_cluster() -> Iterator[KafkaCluster]:
+    with KafkaCluster(brokers=1, sasl_users=USERS) as cluster:
+        yield cluster
+
+
+def _proxy_config(cluster: KafkaCluster) -> dict[str, object]:
+    cfg = gateway_config(cluster)
+    cfg["gateway"]["upstream_bootstrap"] = cluster.sasl_bootstrap_servers.split(",")  # type: ignore[index]
+    cfg["upstream_sasl"] = {"username": "alice", "password": USERS["alice"]}
+    cfg["quotas"] = {
+        "users": {
+            "alice": {"producer_byte_rate": ALICE, "clients": {"special": {"producer_byte_rate": SPECIAL}}},
+            "bob": {"producer_byte_rate": BOB},
+        },
+        # A shared default client quota: the user quotas above are more specific and win.
+        "clients": {"<default>": {"producer_byte_rate": DEFAULT_CLIENT}},
+    }
+    return cfg
+
+
+def _producer(bootstrap: str, user: str, password: str, mechanism: str, client_id: str) -> object:
+    from confluent_kafka import Producer
+
+    return Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": mechanism,
+            "sasl.username": user,
+            "sasl.password": password,
+            "client.id": client_id,
+            "linger.ms": 5,
+            "batch.size": 16384,
+            "acks": 1,
+        }
+    )
+
+
+@pytest.mark.timeout(240)
+def test_each_user_held_to_its_own_quota(sasl_cluster: KafkaCluster, tmp_path: Path) -> None:
+    topics = {name: f"sasl-{name}-{uuid.uuid4().hex[:6]}" for name in ("alice", "bob")}
+    for topic in topics.values():
+        sasl_cluster.create_topic(topic)
+    with ProxyProcess(_proxy_config(sasl_cluster), workdir=tmp_path) as proxy:
+        stop = threading.Event()
+        errors: list[str] = []
+
+        def produce(user: str, mechanism: str) -> None:
+            producer = _producer(proxy.bootstrap, user, USERS[user], mechanism, "app")
+            payload = b"s" * 1024
+            while not stop.is_set():
+                try:
+                    producer.produce(
+                        topics[user],
+                        payload,  # type: ignore[attr-defined]
+                        on_delivery=lambda err, _m: err and errors.append(str(err)),
+                    )
+                except BufferError:
+                    producer.poll(0.05)  # type: ignore[attr-defined]
+                producer.poll(0)  # type: ignore[attr-defined]
+            producer.flush(30)  # type: ignore[attr-defined]
+
+        samplers = {user: OffsetSampler(sasl_cluster, topic) for user, topic in topics.items()}
+        workers = [
+            threading.Thread(target=produce, args=("alice", "PLAIN"), daemon=True),
+            threading.Thread(target=produce, args=("bob", "SCRAM-SHA-256"), daemon=True),
+        ]
+        start = time.monotonic()
+        for worker in workers:
+            worker.start()
+        try:
+            deadline = 36.0
+            while time.monotonic() - start < deadline:
+                for sampler in samplers.values():
+                    sampler.sample_until(start, time.monotonic() - start + 0.25, every=0.25)
+        finally:
+            stop.set()
+            for worker in workers:
+                worker.join(60)
+            for sampler in samplers.values():
+                sampler.close()
+        assert not errors, errors[:3]
+        for user, quota in (("alice", ALICE), ("bob", BOB)):
+            rate = steady_rate([(t, n * 1024) for t, n in samplers[user].samples], 12.0, 36.0)
+            assert abs(rate - quota) / quota < 0.15, f"{user}: {rate / KiB:.0f} KiB/s, quota {quota // KiB}"
+            state = json.loads(proxy.admin_get(f"/quotas/entity?user={user}&client_id=app")[1])
+            assert state["producer_byte_rate"]["level"] == 3  # the user level, over <default> client
+            assert state["producer_byte_rate"]["bucket"] == {"user": user, "client_id": ""}
+
+
+@pytest.mark.timeout(120)
+def test_user_client_override_and_failed_login(sasl_cluster: KafkaCluster, tmp_path: Path) -> None:
+    from confluent_kafka import KafkaException
+
+    topic = f"sasl-special-{uuid.uuid4().hex[:6]}"
+    sasl_cluster.create_topic(topic)
+    with ProxyProcess(_proxy_config(sasl_cluster), workdir=tmp_path) as proxy:
+        special = _producer(proxy.bootstrap, "alice", USERS["alice"], "SCRAM-SHA-256", "special")
+        for _ in range(200):
+            special.produce(topic, b"x" * 1024)  # type: ignore[attr-defined]
+        assert special.flush(30) == 0  # type: ignore[attr-defined]
+        state = json.loads(proxy.admin_get("/quotas/entity?user=alice&client_id=special")[1])
+        produce = state["producer_byte_rate"]
+        assert produce["level"] == 1 and produce["quota"] == SPECIAL  # (user, client-id) beats user
+        assert produce["rate"] > 0  # this bucket was charged: the connection was alice's
+
+        # A wrong password: the broker refuses, and the name claimed is never charged.
+        mallory = _producer(proxy.bootstrap, "bob", "not-bobs-password", "PLAIN", "intruder")
+        mallory.produce(topic, b"y" * 1024)  # type: ignore[attr-defined]
+        remaining = mallory.flush(8)  # type: ignore[attr-defined]
+        assert remaining == 1
+        with pytest.raises(KafkaException):
+            from confluent_kafka.admin import AdminClient
+
+            AdminClient(
+                {
+                    "bootstrap.servers": proxy.bootstrap,
+                    "security.protocol": "SASL_PLAINTEXT",
+                    "sasl.mechanism": "PLAIN",
+                    "sasl.username": "bob",
+                    "sasl.password": "wrong",
+                }
+            ).list_topics(timeout=5)
+        bob = json.loads(proxy.admin_get("/quotas/entity?user=bob&client_id=intruder")[1])
+        assert "rate" not in bob["producer_byte_rate"]  # no state, no charge
