@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.wire import CORRELATION_OFFSET, produce_request
 from dev.harness import KafkaCluster, java_command
+from dev.loadgen import CORRELATION_OFFSET, produce_request
 from dev.proxy_process import ProxyProcess, gateway_config
 
 PRODUCER = "org.apache.kafka.tools.ProducerPerformance"

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.wire import CORRELATION_OFFSET, cpu_seconds, produce_request
 from dev.harness import KafkaCluster
+from dev.loadgen import CORRELATION_OFFSET, cpu_seconds, produce_request
 from dev.proxy_process import ProxyProcess, gateway_config
 
 CLIENT_IDS = 10_000

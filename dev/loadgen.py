@@ -1,4 +1,4 @@
-"""Shared pieces for benchmarks: raw Kafka requests for load generators, process CPU readings.
+"""Load-generator pieces for the benchmarks: raw Kafka requests, process CPU readings.
 
 Benchmarks only: the acceptance tests use real clients.
 """
