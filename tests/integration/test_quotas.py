@@ -114,26 +114,32 @@ def test_java_producer_held_to_its_quota(kafka_broker: KafkaCluster, tmp_path: P
         assert proxy.metric("kthrottle_throttled_requests_total", {"api": "Produce", "mode": "applied"}) > 0
 
 
-@pytest.mark.timeout(240)
-def test_confluent_consumer_held_to_its_quota(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
-    from confluent_kafka import Consumer
-
-    topic = f"q-fetch-{uuid.uuid4().hex[:6]}"
-    kafka_broker.create_topic(topic)
+def _filled_topic(cluster: KafkaCluster, prefix: str, mib: int = 80) -> str:
+    """A topic holding ``mib`` MiB of 1 KiB records, written straight to the broker."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    cluster.create_topic(topic)
     fill = run_tool(
         "ProducerPerformance",
         "--topic",
         topic,
         "--num-records",
-        str(40 * 1024),
+        str(mib * 1024),
         "--record-size",
         "1024",
         "--throughput",
         "-1",
         "--producer-props",
-        f"bootstrap.servers={kafka_broker.bootstrap_servers}",
+        f"bootstrap.servers={cluster.bootstrap_servers}",
     )
     assert fill.returncode == 0, fill.stderr
+    return topic
+
+
+@pytest.mark.timeout(240)
+def test_confluent_consumer_held_to_its_quota(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
+    from confluent_kafka import Consumer
+
+    topic = _filled_topic(kafka_broker, "q-fetch")
     quotas = {"clients": {"slow-consumer": {"consumer_byte_rate": MiB}}}
     with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
         throttles: list[int] = []
@@ -169,6 +175,44 @@ def test_confluent_consumer_held_to_its_quota(kafka_broker: KafkaCluster, tmp_pa
         rate = steady_rate([(t, float(n)) for t, n in marks], *STEADY)
         assert abs(rate - MiB) / MiB < 0.15, f"steady fetch rate {rate / MiB:.3f} MiB/s"
         assert max(throttles, default=0) > 0, "librdkafka never saw a throttle"
+        assert proxy.metric("kthrottle_throttled_requests_total", {"api": "Fetch", "mode": "applied"}) > 0
+
+
+@pytest.mark.timeout(240)
+def test_aiokafka_consumer_held_to_its_quota(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+
+    topic = _filled_topic(kafka_broker, "q-fetch-aio")
+    quotas = {"clients": {"slow-aiokafka": {"consumer_byte_rate": MiB}}}
+    with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
+
+        async def consume() -> list[tuple[float, float]]:
+            consumer = AIOKafkaConsumer(
+                topic,
+                bootstrap_servers=proxy.bootstrap,
+                client_id="slow-aiokafka",
+                group_id=f"g-{topic}",
+                auto_offset_reset="earliest",
+                max_partition_fetch_bytes=262144,
+            )
+            await consumer.start()
+            got = 0
+            marks: list[tuple[float, float]] = []
+            start = time.monotonic()
+            try:
+                while time.monotonic() - start < STEADY[1]:
+                    batch = await consumer.getmany(timeout_ms=250)
+                    got += sum(len(r.value or b"") for records in batch.values() for r in records)
+                    marks.append((time.monotonic() - start, float(got)))
+            finally:
+                await consumer.stop()
+            return marks
+
+        marks = asyncio.run(consume())
+        rate = steady_rate(marks, *STEADY)
+        assert abs(rate - MiB) / MiB < 0.15, f"steady aiokafka fetch rate {rate / MiB:.3f} MiB/s"
         assert proxy.metric("kthrottle_throttled_requests_total", {"api": "Fetch", "mode": "applied"}) > 0
 
 
