@@ -93,19 +93,7 @@ def fetch_run(cluster: KafkaCluster, bootstrap: str, client_id: str, seconds: fl
 
     name = topic(cluster, "acc-f")
     records = int(quota * (seconds + 20) / 1024)
-    run_tool(
-        "ProducerPerformance",
-        "--topic",
-        name,
-        "--num-records",
-        str(records),
-        "--record-size",
-        "1024",
-        "--throughput",
-        "-1",
-        "--producer-props",
-        f"bootstrap.servers={cluster.bootstrap_servers}",
-    )
+    cluster.fill_topic(name, records)
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,

@@ -482,6 +482,24 @@ class KafkaCluster:
         if proc.returncode != 0:
             raise KafkaHarnessError(f"creating topic {name} failed:\n{proc.stderr[-2000:]}")
 
+    def fill_topic(self, name: str, records: int, record_size: int = 1024) -> None:
+        """Write ``records`` records straight to the brokers with Kafka's perf producer; raises on failure."""
+        proc = run_tool(
+            "org.apache.kafka.tools.ProducerPerformance",
+            "--topic",
+            name,
+            "--num-records",
+            str(records),
+            "--record-size",
+            str(record_size),
+            "--throughput",
+            "-1",
+            "--producer-props",
+            f"bootstrap.servers={self.bootstrap_servers}",
+        )
+        if proc.returncode != 0:
+            raise KafkaHarnessError(f"filling topic {name} failed:\n{proc.stderr[-2000:]}")
+
     def tool_command(self) -> str:
         """A shell line to run Kafka tools against this cluster (printed by the CLI)."""
         return f"{shlex.join(java_command('<MainClass>'))} --bootstrap-server {self.bootstrap_servers}"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dev.harness import KafkaCluster, java_command, run_tool
+from dev.harness import KafkaCluster, java_command
 from dev.proxy_process import ProxyProcess, gateway_config
 
 pytestmark = pytest.mark.integration
@@ -118,20 +118,7 @@ def _filled_topic(cluster: KafkaCluster, prefix: str, mib: int = 80) -> str:
     """A topic holding ``mib`` MiB of 1 KiB records, written straight to the broker."""
     topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
     cluster.create_topic(topic)
-    fill = run_tool(
-        "ProducerPerformance",
-        "--topic",
-        topic,
-        "--num-records",
-        str(mib * 1024),
-        "--record-size",
-        "1024",
-        "--throughput",
-        "-1",
-        "--producer-props",
-        f"bootstrap.servers={cluster.bootstrap_servers}",
-    )
-    assert fill.returncode == 0, fill.stderr
+    cluster.fill_topic(topic, mib * 1024)
     return topic
 
 
