@@ -323,30 +323,38 @@ def test_bad_reload_keeps_last_good_config(kafka_broker: KafkaCluster, tmp_path:
         assert state["producer_byte_rate"]["quota"] == 1000 and state["producer_byte_rate"]["level"] == 7
 
 
-def _confluent_burst(bootstrap: str, topic: str, records: int) -> float:
-    """Bytes per second a free librdkafka producer achieves for ``records`` 1 KiB records."""
+def _free_rate(bootstrap: str, topic: str, seconds: float) -> float:
+    """Bytes per second a free librdkafka producer gets delivered over ``seconds`` of 1 KiB records.
+
+    Timed, not counted: a fixed record count finishes in half a second at this speed, too short to
+    tell a real slowdown from the machine's noise.
+    """
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": 1, "client.id": "free"})
     payload = b"f" * 1024
+    delivered = [0]
+
+    def on_delivery(err: object, _msg: object) -> None:
+        if err is None:
+            delivered[0] += 1
+
+    producer.produce(topic, payload, on_delivery=on_delivery)
+    assert producer.flush(30) == 0  # connected and warm before the clock starts
+    delivered[0] = 0
     started = time.monotonic()
-    for _ in range(records):
-        while True:
+    while time.monotonic() - started < seconds:
+        for _ in range(1000):
             try:
-                producer.produce(topic, payload)
-                break
+                producer.produce(topic, payload, on_delivery=on_delivery)
             except BufferError:
-                producer.poll(0.01)
+                producer.poll(0.005)
         producer.poll(0)
+    rate = delivered[0] * 1024 / (time.monotonic() - started)
     assert producer.flush(60) == 0
-    return records * 1024 / (time.monotonic() - started)
+    return rate
 
 
-@pytest.mark.xfail(
-    reason="known gap (issue 3): beside a throttled Java producer a free librdkafka producer at ~600 MB/s "
-    "through the proxy keeps ~85% of its rate alone, not the 90% asked; not yet explained",
-    strict=False,
-)
 @pytest.mark.timeout(300)
 def test_client_without_quota_is_unaffected(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
     topic = f"q-free-{uuid.uuid4().hex[:6]}"
@@ -355,7 +363,6 @@ def test_client_without_quota_is_unaffected(kafka_broker: KafkaCluster, tmp_path
     kafka_broker.create_topic(slow_topic)
     quotas = {"clients": {"throttled": {"producer_byte_rate": 256 * 1024}}}
     with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
-        records = 300_000
         cmd = java_command(
             "org.apache.kafka.tools.ProducerPerformance",
             "--topic",
@@ -375,21 +382,21 @@ def test_client_without_quota_is_unaffected(kafka_broker: KafkaCluster, tmp_path
         runs: dict[str, list[float]] = {"alone": [], "together": []}
         try:
             time.sleep(8)  # past its JVM warm-up and first burst: from here on its quota holds it
-            _confluent_burst(proxy.bootstrap, topic, 50_000)  # warm-up
+            _free_rate(proxy.bootstrap, topic, 2)  # warm-up
             # Alternate, pausing the throttled client (SIGSTOP) for the runs alone, so that drift in
             # the machine (page cache writeback, log segments) weighs on both sides alike.
-            for _ in range(3):
+            for _ in range(5):
                 throttled.send_signal(signal.SIGSTOP)
-                runs["alone"].append(_confluent_burst(proxy.bootstrap, topic, records))
+                runs["alone"].append(_free_rate(proxy.bootstrap, topic, 3))
                 throttled.send_signal(signal.SIGCONT)
                 time.sleep(1)
-                runs["together"].append(_confluent_burst(proxy.bootstrap, topic, records))
+                runs["together"].append(_free_rate(proxy.bootstrap, topic, 3))
             assert throttled.poll() is None
         finally:
             throttled.send_signal(signal.SIGCONT)
             throttled.kill()
             throttled.wait(30)
-        alone, together = statistics.median(runs["alone"]), statistics.median(runs["together"])
+        alone, together = statistics.fmean(runs["alone"]), statistics.fmean(runs["together"])
         assert proxy.metric("kthrottle_throttled_requests_total", {"api": "Produce", "mode": "applied"}) > 0
         assert together >= 0.9 * alone, (
             f"free client: {together / MiB:.1f} MiB/s beside, {alone / MiB:.1f} alone"
