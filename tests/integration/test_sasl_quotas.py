@@ -70,7 +70,14 @@ def test_each_user_held_to_its_own_quota(sasl_cluster: KafkaCluster, tmp_path: P
     runs = {  # label: (user, mechanism, client id, quota, level, bucket)
         "alice": ("alice", "PLAIN", "app", ALICE, 3, {"user": "alice", "client_id": ""}),
         "bob": ("bob", "SCRAM-SHA-256", "app", BOB, 3, {"user": "bob", "client_id": ""}),
-        "special": ("alice", "SCRAM-SHA-256", "special", SPECIAL, 1, {"user": "alice", "client_id": "special"}),
+        "special": (
+            "alice",
+            "SCRAM-SHA-256",
+            "special",
+            SPECIAL,
+            1,
+            {"user": "alice", "client_id": "special"},
+        ),
     }
     topics = {label: f"sasl-{label}-{uuid.uuid4().hex[:6]}" for label in runs}
     for topic in topics.values():
