@@ -18,13 +18,25 @@ Shape (YAML)::
       topics:
         orders: {producer.byte.rate: 2097152}  # per partition of topic orders (KIP-1010)
         <default>: {consumer.byte.rate: ...}
+      ips:                                     # KIP-612 connection_creation_rate per client IP
+        <default>: {connection_creation_rate: 20}
+        10.0.0.7: {connection_creation_rate: 100}
+      controller_window: {num: 11, size_seconds: 1}   # controller.quota.window.* (KIP-599 burst)
+      mutations: {charge_validate_only: true}
+      producer_ids:                            # KIP-936 tracking of producer ids per user
+        window: {num: 11, size_seconds: 3600}  # producer.id.quota.window.*
+        false_positive_rate: 0.001
+        max_bytes_per_user: 131072             # both bloom filters of one user together
+
+``producer_ids_rate`` is a per-user quota (KIP-936): it may be set on a user or the <default>
+user, not on a client id or a (user, client-id) pair.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from quota.keys import TOPIC_CONSUMER_BYTE_RATE, TOPIC_PRODUCER_BYTE_RATE
+from quota.keys import PRODUCER_IDS_RATE, TOPIC_CONSUMER_BYTE_RATE, TOPIC_PRODUCER_BYTE_RATE
 from quota.rate import QuotaWindow
 
 Rate = float
@@ -65,8 +77,32 @@ class WindowConfig(_Strict):
         return QuotaWindow(self.num, self.size_seconds * 1000.0)
 
 
+class IpQuotas(_Strict):
+    connection_creation_rate: Rate | None = Field(None, gt=0)
+
+
+class MutationOptions(_Strict):
+    # Kafka's KRaft controller charges validateOnly CreateTopics/CreatePartitions (KIP-599 said
+    # it would not); true follows the broker, false follows the KIP.
+    charge_validate_only: bool = True
+
+
+def _producer_id_window() -> WindowConfig:
+    return WindowConfig(num=11, size_seconds=3600.0)
+
+
+class ProducerIdOptions(_Strict):
+    window: WindowConfig = Field(default_factory=_producer_id_window)
+    false_positive_rate: float = Field(0.001, gt=0, lt=0.5)
+    max_bytes_per_user: int = Field(131072, ge=256, le=64 * 1024 * 1024)
+
+
 class QuotaConfig(_Strict):
     window: WindowConfig = Field(default_factory=WindowConfig)
+    controller_window: WindowConfig = Field(default_factory=WindowConfig)
+    mutations: MutationOptions = Field(default_factory=MutationOptions)
+    producer_ids: ProducerIdOptions = Field(default_factory=ProducerIdOptions)
+    ips: dict[str, IpQuotas] = Field(default_factory=dict)
     dry_run: bool = False
     users: dict[str, UserQuotas] = Field(default_factory=dict)
     clients: dict[str, ClientQuotas] = Field(default_factory=dict)
@@ -75,3 +111,19 @@ class QuotaConfig(_Strict):
     idle_expiry_seconds: float = Field(3600.0, gt=0)
     # Per-entity and per-partition metric series; the rest are summed under "__other__".
     metrics_max_series: int = Field(500, ge=1, le=100_000)
+
+    @model_validator(mode="after")
+    def _producer_ids_per_user_only(self) -> QuotaConfig:
+        where = [f"clients.{name}" for name, q in self.clients.items() if q.producer_ids_rate is not None]
+        where += [
+            f"users.{user}.clients.{name}"
+            for user, uq in self.users.items()
+            for name, q in uq.clients.items()
+            if q.producer_ids_rate is not None
+        ]
+        if where:
+            raise ValueError(
+                f"{PRODUCER_IDS_RATE} is a per-user quota (KIP-936); set it on a user or <default> "
+                f"user, not on {', '.join(where)}"
+            )
+        return self
