@@ -9,12 +9,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.server import ProxyServer
 from proxy.throttling import QuotaEnforcer
-from quota.keys import ANONYMOUS
+from quota.keys import ANONYMOUS, CONTROLLER_MUTATION_RATE
 from quota.rate import throttle_time_ms
 
 
 def entity_state(enforcer: QuotaEnforcer, user: str, client_id: str) -> dict[str, Any]:
-    """The live state of one (user, client-id) for each byte-rate quota: why, how much, how fast."""
+    """The live state of one (user, client-id) for each of its quotas: why, how much, how fast."""
     now = enforcer.now_ms()
     out: dict[str, Any] = {"user": user, "client_id": client_id, "dry_run": enforcer.dry_run}
     for quotas in (enforcer.produce, enforcer.fetch):
@@ -35,6 +35,7 @@ def entity_state(enforcer: QuotaEnforcer, user: str, client_id: str) -> dict[str
                 samples=[{"start_ms_ago": now - start, "bytes": value} for start, value in rate.samples(now)],
             )
         out[quotas.key] = state
+    out[CONTROLLER_MUTATION_RATE] = enforcer.mutations.state(user, client_id, now)
     return out
 
 

@@ -47,12 +47,19 @@ class ProxyMetrics:
         )
         self.throttled_requests = Counter(
             "kthrottle_throttled_requests",
-            "Requests over a byte-rate quota, by api and whether the throttle was applied or dry-run",
+            "Requests over a quota (throttled, or with topics rejected), by api and whether the "
+            "decision was applied or dry-run",
             ["api", "mode"],
             registry=r,
         )
         self.throttle_seconds = Counter(
             "kthrottle_throttle_seconds", "Throttle time decided by the proxy, by api", ["api"], registry=r
+        )
+        self.mutation_rejected_topics = Counter(
+            "kthrottle_mutation_rejected_topics",
+            "Topics answered THROTTLING_QUOTA_EXCEEDED by the proxy (KIP-599 strict versions)",
+            ["api", "mode"],
+            registry=r,
         )
         self.config_reloads = Counter(
             "kthrottle_config_reloads",

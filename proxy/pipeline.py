@@ -27,9 +27,12 @@ from protocol.frames import (
     parse_request_header,
     response_header_size,
 )
+from protocol.mutations import MUTATION_APIS
 from protocol.sasl import SaslTracker
 from protocol.schema import SchemaError
 from protocol.versions import DECODED_APIS, NODE_ENDPOINTS_FROM, codec_versions
+from proxy import admission
+from proxy.admission import MutationState
 from proxy.throttling import (
     FetchRequestInfo,
     cap_fetch_max_bytes,
@@ -51,7 +54,8 @@ WRITE_BUFFER_LOW = 1024 * 1024
 
 _THROTTLE = "throttle"  # muted for a throttle time
 _THROTTLE_PENDING = "throttle-pending"  # a throttled request's response has not gone out yet
-_HOLD_REASONS = frozenset({_THROTTLE, _THROTTLE_PENDING})
+_ADMISSION = "admission"  # a mutation request is being priced: later requests wait behind it
+_HOLD_REASONS = frozenset({_THROTTLE, _THROTTLE_PENDING, _ADMISSION})
 
 # Responses that may carry broker addresses or capabilities the proxy must change.
 _REWRITE_ALWAYS = frozenset(
@@ -69,6 +73,7 @@ class InFlight:
     client_id: str = ""
     throttle_ms: int = 0  # the proxy's throttle for this request, decided when it was read
     fetch: FetchRequestInfo | None = None  # set when the fetch quota needs the response
+    mutation: MutationState | None = None  # set when the mutation quota needs the response
 
 
 class _ClientProtocol(asyncio.BufferedProtocol):
@@ -153,6 +158,7 @@ class Pipeline:
         self._mute_handle: asyncio.TimerHandle | None = None
         self._pending_throttles = 0  # throttled produce requests whose response is still to come
         self.held: deque[bytearray] = deque()  # requests read while the connection was muted
+        self._tasks: set[asyncio.Task[None]] = set()
         self.loop = asyncio.get_running_loop()
         self.metrics = server.metrics
         server.pipeline_opened(self)
@@ -207,6 +213,8 @@ class Pipeline:
             self._connect_task.cancel()
         if self._mute_handle is not None:
             self._mute_handle.cancel()
+        for task in self._tasks:
+            task.cancel()
         self.server.pipeline_closed(self)
 
     def reject(self, reason: str, label: str) -> None:
@@ -323,6 +331,16 @@ class Pipeline:
                 self.sasl.on_handshake(str(sasl.get("mechanism", "")))
             else:
                 self.sasl.on_authenticate_request(bytes(sasl.get("auth_bytes") or b""))
+        elif key in MUTATION_APIS and self.server.enforcer.mutation_quota_applies(self.user, client_id):
+            try:
+                body = messages.decode_request(key, version, memoryview(frame)[header.size :])
+            except SchemaError as exc:
+                self.reject(f"malformed {api_name(key)} v{version} request: {exc}", "malformed")
+                return
+            state = admission.parse(key, version, body, self.server.cfg.quotas.mutations.charge_validate_only)
+            if state is not None:
+                self._admit(frame, header, body, state)
+                return
         elif key == ApiKey.FETCH and self.server.enforcer.fetch.active:
             try:
                 fetch = self._prepare_fetch(frame, header, client_id)
@@ -342,6 +360,66 @@ class Pipeline:
             self.pending.append(frame)
         else:
             self._forward(frame)
+
+    def _admit(
+        self, frame: bytearray, header: RequestHeader, body: dict[str, Any], state: MutationState
+    ) -> None:
+        """Price and admit a mutation request; later requests wait until it is forwarded or answered."""
+        req_counter, bytes_counter, _resp, _lat = self.metrics.api(header.api_key)
+        req_counter.inc()
+        bytes_counter.inc(len(frame) + 4)
+        entry = InFlight(
+            header.api_key,
+            header.api_version,
+            header.correlation_id,
+            self.loop.time(),
+            None,
+            header.client_id or "",
+            0,
+            None,
+            state,
+        )
+        self.in_flight.append(entry)
+        self.pause_client(_ADMISSION)
+        task = self.loop.create_task(self._admission(entry, frame, header, body, state))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _admission(
+        self,
+        entry: InFlight,
+        frame: bytearray,
+        header: RequestHeader,
+        body: dict[str, Any],
+        state: MutationState,
+    ) -> None:
+        try:
+            state.costs = await admission.resolve_costs(state, self.server.catalog)
+            if self.closed:
+                return
+            self.server.enforcer.on_mutation(self.user, entry.client_id, state, self.peer)
+            entry.throttle_ms = state.throttle_ms
+            if not any(state.accepted):
+                payload = encode_response_header(header.api_key, header.api_version, header.correlation_id)
+                payload += messages.encode_response(
+                    header.api_key, header.api_version, admission.local_response(state)
+                )
+                entry.local_response = bytes(payload)
+                self._flush_local()
+            else:
+                rewritten = admission.upstream_request(state, body)
+                if rewritten is not None:
+                    frame = bytearray(frame[: header.size]) + admission.encode_request(state, rewritten)
+                if self.upstream is None:
+                    self.pending.append(frame)
+                else:
+                    self._forward(frame)
+        except Exception:  # a bug here must not leave the connection held forever
+            log.exception("conn %d: mutation admission failed", self.id)
+            self.close("mutation admission failed")
+            return
+        self._client_pauses.discard(_ADMISSION)
+        self._release_held()
 
     def _prepare_fetch(self, frame: bytearray, header: RequestHeader, client_id: str) -> FetchRequestInfo:
         """Note the fetch session (for a throttled answer) and cap max_bytes as Kafka does."""
@@ -367,10 +445,15 @@ class Pipeline:
         self._mute_handle = None
         self._mute_until = 0.0
         self._client_pauses.discard(_THROTTLE)
-        # Requests read while muted go first, in order; one of them may mute the connection again.
+        self._release_held()
+        self.resume_client(_THROTTLE)
+
+    def _release_held(self) -> None:
+        """Requests read while held go first, in order; one of them may hold the connection again."""
         while self.held and not self._holding and not self.closed:
             self._request(self.held.popleft())
-        self.resume_client(_THROTTLE)
+        if not self._client_pauses and not self.closed:
+            self.client.resume_reading()
 
     @property
     def _holding(self) -> bool:
@@ -394,6 +477,8 @@ class Pipeline:
             entry = self.in_flight.popleft()
             assert entry.local_response is not None
             self.client.writelines((SIZE.pack(len(entry.local_response)), entry.local_response))
+            if entry.throttle_ms:
+                self.mute(entry.throttle_ms)
 
     # --- responses -----------------------------------------------------------------------------
 
@@ -429,7 +514,7 @@ class Pipeline:
         addresses = key in _REWRITE_ALWAYS or (
             key in NODE_ENDPOINTS_FROM and entry.api_version >= NODE_ENDPOINTS_FROM[key]
         )
-        if addresses or entry.fetch is not None or entry.throttle_ms:
+        if addresses or entry.fetch is not None or entry.mutation is not None or entry.throttle_ms:
             try:
                 frame = self._rewrite(entry, frame, addresses)
             except (SchemaError, FrameError, LookupError) as exc:
@@ -480,6 +565,15 @@ class Pipeline:
                 broker_ms = int(body.get("throttle_time_ms", 0))
                 out = bytearray(frame[:hsize])
                 out += throttled_fetch_response(version, max(broker_ms, decision.throttle_ms), entry.fetch)
+                return out
+        if entry.mutation is not None:
+            state = entry.mutation
+            refused = admission.broker_refusals(state, body)
+            if refused:
+                self.server.enforcer.refund_mutations(state, refused)
+            if state.partial:
+                out = bytearray(frame[:hsize])
+                out += messages.encode_response(key, version, admission.merged(state, body))
                 return out
         changed = 0
         if addresses:

@@ -54,6 +54,35 @@ class QuotaCollector(Collector):
                 prate.add_metric([direction, topic, str(part)], measured)
                 pthrottle.add_metric([direction, topic, str(part)], throttled)
         yield from (rate, throttle, prate, pthrottle)
+        yield from self._mutations(now)
+
+    def _mutations(self, now: float) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """KIP-599's ControllerMutation sensors: tokens, mutation-rate, throttle-time."""
+        labels = ["user", "client_id"]
+        tokens = GaugeMetricFamily(
+            "kthrottle_mutation_tokens",
+            "Tokens left in each controller mutation bucket; below 0 the bucket is throttled",
+            labels=labels,
+        )
+        rate = GaugeMetricFamily(
+            "kthrottle_mutation_rate", "Partition mutations per second of each bucket", labels=labels
+        )
+        throttle = CounterMetricFamily(
+            "kthrottle_mutation_throttle_time_ms",
+            "Throttle time decided for each controller mutation bucket",
+            labels=labels,
+        )
+        rows = sorted(self.enforcer.mutations.snapshot(now), key=lambda row: row[1])  # most throttled first
+        for (user, client_id), left, measured, throttled in rows[: self.max_series]:
+            tokens.add_metric([user, client_id], left)
+            rate.add_metric([user, client_id], measured)
+            throttle.add_metric([user, client_id], throttled)
+        rest = rows[self.max_series :]
+        if rest:
+            tokens.add_metric([OTHER, OTHER], min(r[1] for r in rest))
+            rate.add_metric([OTHER, OTHER], sum(r[2] for r in rest))
+            throttle.add_metric([OTHER, OTHER], sum(r[3] for r in rest))
+        yield from (tokens, rate, throttle)
 
     def _bounded(
         self, table: dict[tuple[str, str], SampledRate] | dict[tuple[str, int], SampledRate], now: float

@@ -13,6 +13,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.pipeline import Pipeline, _ClientProtocol
 from proxy.quota_metrics import QuotaCollector
 from proxy.throttling import QuotaEnforcer
+from proxy.topic_catalog import TopicCatalog
 from proxy.upstream_client import PlainCredentials, fetch_brokers
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,12 @@ class ProxyServer:
         self.metrics = metrics or ProxyMetrics()
         self.brokers = BrokerDirectory(cfg, on_new_node=self._on_new_node)
         self.enforcer = QuotaEnforcer(cfg.quotas, self.metrics)
+        self.catalog = TopicCatalog(
+            lambda: [*self.brokers.real.values(), *self.brokers.bootstrap],
+            lambda: sorted(self.brokers.real),
+            cfg.connect_timeout_seconds,
+            self.upstream_credentials,
+        )
         self.metrics.registry.register(QuotaCollector(self.enforcer, cfg.quotas.metrics_max_series))
         self.listeners: dict[str, Listener] = {}
         self.pipelines: set[Pipeline] = set()
@@ -105,10 +112,14 @@ class ProxyServer:
     def _on_new_node(self, node_id: int) -> None:
         self._ensure_listener(node_id)
 
+    def upstream_credentials(self) -> PlainCredentials | None:
+        """The proxy's own login to the brokers, if the config has one (read at each use)."""
+        sasl = self.cfg.upstream_sasl
+        return PlainCredentials(sasl.username, sasl.secret()) if sasl is not None else None
+
     async def _refresh_brokers(self, required: bool) -> None:
         try:
-            sasl = self.cfg.upstream_sasl
-            creds = PlainCredentials(sasl.username, sasl.secret()) if sasl is not None else None
+            creds = self.upstream_credentials()
             nodes = await fetch_brokers(self.brokers.bootstrap, self.cfg.connect_timeout_seconds, creds)
         except (ConnectionError, OSError) as exc:  # OSError: an unreadable password_file
             self.upstream_ready = False

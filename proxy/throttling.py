@@ -11,17 +11,23 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocol import messages
-from protocol.api_keys import ApiKey
+from protocol.api_keys import ApiKey, api_name
 from protocol.errors import ErrorCode
 from protocol.schema import message_codec
 from proxy.metrics import ProxyMetrics
+from proxy.ratelog import RateLimitedLog
 from quota.config import QuotaConfig
 from quota.manager import ByteRateQuotas, Decision, PartitionUsage
+from quota.mutations import MutationQuotas
+
+if TYPE_CHECKING:
+    from proxy.admission import MutationState
 
 log = logging.getLogger(__name__)
+throttle_log = RateLimitedLog(log)
 
 INVALID_SESSION_ID = 0
 INITIAL_EPOCH = 0
@@ -50,6 +56,7 @@ class QuotaEnforcer:
         self.cfg = cfg
         self.produce = ByteRateQuotas(cfg, produce=True, now_ms=now)
         self.fetch = ByteRateQuotas(cfg, produce=False, now_ms=now)
+        self.mutations = MutationQuotas(cfg, now)
 
     def now_ms(self) -> float:
         return self.clock() * 1000.0
@@ -62,6 +69,7 @@ class QuotaEnforcer:
         self.cfg = cfg
         self.produce.reconfigure(cfg)
         self.fetch.reconfigure(cfg)
+        self.mutations.reconfigure(cfg)
 
     # --- produce ---------------------------------------------------------------------------
 
@@ -69,7 +77,7 @@ class QuotaEnforcer:
         """Charge a Produce request (header + body bytes; per-partition record bytes)."""
         parts = _usage(messages.produce_request_partitions(body))
         decision = self.produce.record(user, client_id, request_size, parts, self.now_ms())
-        self._count(ApiKey.PRODUCE, decision)
+        self._count(ApiKey.PRODUCE, decision, user, client_id)
         return decision
 
     # --- fetch -------------------------------------------------------------------------------
@@ -85,14 +93,72 @@ class QuotaEnforcer:
         if decision.throttled and not self.dry_run:
             # The client gets an empty response instead, so these bytes were never delivered.
             self.fetch.unrecord(decision, response_size, parts, self.now_ms())
-        self._count(ApiKey.FETCH, decision)
+        self._count(ApiKey.FETCH, decision, user, client_id)
         return decision, parts
 
-    def _count(self, api_key: int, decision: Decision) -> None:
+    # --- partition mutations (KIP-599) ---------------------------------------------------------
+
+    def mutation_quota_applies(self, user: str, client_id: str) -> bool:
+        return self.mutations.active and self.mutations.match(user, client_id) is not None
+
+    def on_mutation(self, user: str, client_id: str, state: MutationState, peer: str) -> None:
+        """Decide which topics of a priced mutation request are admitted, and its throttle."""
+        strict = state.strict
+        admitted = self.mutations.admit(user, client_id, state.costs, strict, self.now_ms())
+        state.bucket = admitted.bucket
+        name = api_name(state.api_key) or str(state.api_key)
+        mode = "dry-run" if self.dry_run else "applied"
+        rejected = admitted.accepted.count(False)
+        if rejected:
+            self.metrics.mutation_rejected_topics.labels(name, mode).inc(rejected)
+        if admitted.throttle_ms or rejected:
+            self.metrics.throttled_requests.labels(name, mode).inc()
+            self.metrics.throttle_seconds.labels(name).inc(admitted.throttle_ms / 1000.0)
+            throttle_log.log(
+                logging.INFO,
+                "mutation",
+                "%s v%d from %s (user %s, client %s): %d of %d topics rejected, throttle %d ms (%s, %s)",
+                name,
+                state.version,
+                peer,
+                user,
+                client_id,
+                rejected,
+                len(state.refs),
+                admitted.throttle_ms,
+                "strict" if strict else "permissive",
+                mode,
+            )
+        if self.dry_run:
+            state.accepted = (True,) * len(state.refs)
+            state.throttle_ms = 0
+        else:
+            state.accepted = admitted.accepted
+            state.throttle_ms = admitted.throttle_ms
+
+    def refund_mutations(self, state: MutationState, indexes: list[int]) -> None:
+        """Give back tokens for admitted topics the broker refused (Kafka never charged them)."""
+        if state.bucket is not None:
+            self.mutations.refund(state.bucket, sum(state.costs[i] for i in indexes), self.now_ms())
+
+    def _count(self, api_key: int, decision: Decision, user: str, client_id: str) -> None:
         if decision.throttled:
             name = "Produce" if api_key == ApiKey.PRODUCE else "Fetch"
-            self.metrics.throttled_requests.labels(name, "dry-run" if self.dry_run else "applied").inc()
+            mode = "dry-run" if self.dry_run else "applied"
+            self.metrics.throttled_requests.labels(name, mode).inc()
             self.metrics.throttle_seconds.labels(name).inc(decision.throttle_ms / 1000.0)
+            throttle_log.log(
+                logging.INFO,
+                name,
+                "%s from user %s, client %s throttled %d ms (client %d ms, partition %d ms, %s)",
+                name,
+                user,
+                client_id,
+                decision.throttle_ms,
+                decision.client_throttle_ms,
+                decision.partition_throttle_ms,
+                mode,
+            )
 
 
 def throttled_fetch_response(version: int, throttle_ms: int, request: FetchRequestInfo) -> bytearray:

@@ -1,0 +1,219 @@
+"""KIP-936's ``producer_ids_rate``: how fast a user brings new producer ids, throttled. Sans-IO.
+
+Per user principal (never per client id), a TimedBloomFilter remembers the producer ids seen in
+the last half to whole ``producer_ids.window.size_seconds``; an id none of its filters holds is
+new, is added, and is counted in a SampledRate over ``producer_ids.window`` (num samples of that
+size). Ids the user keeps reusing (idempotent and transactional producers) are counted once.
+Throttling is Kafka's byte-rate formula on that rate: record first, then check, uncapped.
+
+Only users with a ``producer_ids_rate`` (their own or the <default> user's) are tracked; each has
+its own bucket either way. Requests without a producer id (-1: not idempotent) are not charged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from quota.bloom import TimedBloomFilter, capacity_of, hash_count, mix64
+from quota.config import QuotaConfig
+from quota.entities import Match, resolve
+from quota.keys import PRODUCER_IDS_RATE
+from quota.rate import QuotaWindow, SampledRate, throttle_time_ms
+
+NO_PRODUCER_ID = -1
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerIdDecision:
+    """What a request's producer ids cost: the throttle, how many ids were new, the rate after."""
+
+    throttle_ms: int
+    new_ids: int
+    rate: float  # new ids per second, as measured after recording this request
+    match: Match | None
+
+    @property
+    def throttled(self) -> bool:
+        return self.throttle_ms > 0
+
+
+class _User:
+    __slots__ = ("filters", "rate")
+
+    def __init__(self, filters: TimedBloomFilter, rate: SampledRate) -> None:
+        self.filters = filters
+        self.rate = rate
+
+
+class ProducerIdQuotas:
+    """New-producer-id rates and filters of the users that have a ``producer_ids_rate``."""
+
+    def __init__(self, cfg: QuotaConfig, now_ms: float, seed: int = 0) -> None:
+        self.cfg = cfg
+        self.seed = seed
+        self.window = cfg.producer_ids.window.quota_window()
+        self.users: dict[str, _User] = {}
+        self._matches: dict[str, Match | None] = {}
+        self._last_expiry_ms = now_ms
+        self.active = self._any_quota(cfg)
+
+    @property
+    def filter_window_ms(self) -> float:
+        """A filter is written for half of this and dropped at its end (KIP-936)."""
+        return self.window.size_ms
+
+    @staticmethod
+    def _any_quota(cfg: QuotaConfig) -> bool:
+        # Validation keeps producer_ids_rate off client ids, so the users are all to look at.
+        return any(q.producer_ids_rate is not None for q in cfg.users.values())
+
+    def reconfigure(self, cfg: QuotaConfig) -> None:
+        """Apply a new config, keeping what it leaves valid.
+
+        A new window size drops everything (filters and samples are laid out by it); a new sample
+        count resets the rates but keeps the filters, so known ids stay known. New filter sizing
+        applies to filters started from now on: for at most one window a user may hold one filter
+        of each sizing, at most the larger of the two bounds. Users left without a quota are dropped.
+        """
+        old = self.cfg.producer_ids
+        new = cfg.producer_ids
+        self.cfg = cfg
+        self._matches.clear()
+        window = new.window.quota_window()
+        if window.size_ms != self.window.size_ms:
+            self.users.clear()
+        elif window != self.window:
+            for state in self.users.values():
+                throttled = state.rate.throttled_ms
+                state.rate = SampledRate(window, state.rate.last_record_ms)
+                state.rate.throttled_ms = throttled
+        self.window = window
+        sizing = (new.max_bytes_per_user, new.false_positive_rate)
+        if sizing != (old.max_bytes_per_user, old.false_positive_rate):
+            for state in self.users.values():
+                state.filters.configure(new.max_bytes_per_user, new.false_positive_rate)
+        for user in [u for u in self.users if self.match(u) is None]:
+            del self.users[user]
+        self.active = self._any_quota(cfg)
+
+    def match(self, user: str) -> Match | None:
+        """The user's producer_ids_rate: its own (level 3) or the <default> user's (level 6)."""
+        try:
+            return self._matches[user]
+        except KeyError:
+            found = self._matches[user] = resolve(self.cfg, user, "", PRODUCER_IDS_RATE)
+            return found
+
+    def _user_seed(self, user: str) -> int:
+        """Each user's filters hash with their own seed: false positives do not line up across users."""
+        digest = hashlib.blake2b(user.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+        return mix64((self.seed ^ int.from_bytes(digest, "big")) & ((1 << 64) - 1))
+
+    def _new_user(self, user: str, now_ms: float) -> _User:
+        opts = self.cfg.producer_ids
+        seed = self._user_seed(user)
+        filters = TimedBloomFilter(
+            self.filter_window_ms, opts.max_bytes_per_user, opts.false_positive_rate, now_ms, seed
+        )
+        state = self.users[user] = _User(filters, SampledRate(self.window, now_ms))
+        return state
+
+    def record(self, user: str, producer_ids: Iterable[int], now_ms: float) -> ProducerIdDecision:
+        """Count the request's new producer ids against the user's quota and decide its throttle.
+
+        Every request of a user over quota that carries a producer id is throttled, also one whose
+        ids are all known, as Kafka throttles every request of a client over its byte rate.
+        """
+        match = self.match(user)
+        if match is None:
+            return ProducerIdDecision(0, 0, 0.0, None)
+        ids = {pid for pid in producer_ids if pid > NO_PRODUCER_ID}
+        state = self.users.get(user)
+        if not ids:
+            return ProducerIdDecision(0, 0, state.rate.measure(now_ms) if state else 0.0, match)
+        if state is None:
+            state = self._new_user(user, now_ms)
+        observe = state.filters.observe
+        new_ids = sum(observe(pid, now_ms) for pid in ids)
+        rate = state.rate
+        rate.record(new_ids, now_ms)
+        window_ms = rate.window_ms(now_ms)
+        measured = rate.total(now_ms) / (window_ms / 1000.0)  # rate.measure, sharing the window
+        throttle_ms = throttle_time_ms(measured, match.quota, window_ms)
+        rate.throttled_ms += throttle_ms
+        self.maybe_expire(now_ms)
+        return ProducerIdDecision(throttle_ms, new_ids, measured, match)
+
+    def memory_bytes(self) -> int:
+        """Bytes held by all users' filters (the bloom bit arrays; per user at most the bound)."""
+        return sum(state.filters.nbytes for state in self.users.values())
+
+    def state(self, user: str, now_ms: float) -> dict[str, object]:
+        """One user's producer-id quota, for the admin endpoint."""
+        match = self.match(user)
+        state = self.users.get(user)
+        out: dict[str, object] = {
+            "user": user,
+            "quota": match.quota if match else None,
+            "level": match.level if match else None,
+            "tracked": state is not None,
+            "window_ms": state.rate.window_ms(now_ms) if state else None,
+            "rate": state.rate.measure(now_ms) if state else 0.0,
+            "new_ids_in_window": state.rate.total(now_ms) if state else 0.0,
+            "throttle_ms_total": state.rate.throttled_ms if state else 0.0,
+        }
+        filters = state.filters.filters() if state else []
+        opts = self.cfg.producer_ids  # the sizing of the next filter; live ones list their own
+        out["filters"] = {
+            "count": len(filters),
+            "bytes": sum(bloom.nbytes for _, bloom in filters),
+            "capacity": capacity_of(max(1, opts.max_bytes_per_user // 2) * 8, opts.false_positive_rate),
+            "hashes": hash_count(opts.false_positive_rate),
+            "live": [
+                {
+                    "created_ms": created,
+                    "bytes": bloom.nbytes,
+                    "capacity": bloom.capacity,
+                    "ids": bloom.count,
+                    "expired": now_ms - created >= self.filter_window_ms,
+                }
+                for created, bloom in filters
+            ],
+        }
+        return out
+
+    def snapshot(self, now_ms: float) -> list[tuple[str, float, float, int]]:
+        """(user, new-id rate per second, throttle ms so far, filter bytes) per tracked user."""
+        return [
+            (user, state.rate.measure(now_ms), state.rate.throttled_ms, state.filters.nbytes)
+            for user, state in self.users.items()
+        ]
+
+    def maybe_expire(self, now_ms: float) -> int:
+        """Free filters a window old and drop idle users; runs at most once per half window.
+
+        A user is dropped once idle for the whole rate window (num x size: its rate has fallen to
+        nothing by then, so dropping forgets nothing) plus ``idle_expiry_seconds``. Its filters go
+        much sooner, a window after they were started, so an idle user holds only its rate.
+        Returns how many users were dropped.
+        """
+        if now_ms - self._last_expiry_ms < self.filter_window_ms / 2:
+            return 0
+        self._last_expiry_ms = now_ms
+        horizon = now_ms - self._span_ms(self.window) - self.cfg.idle_expiry_seconds * 1000.0
+        stale = []
+        for user, state in self.users.items():
+            state.filters.expire(now_ms)
+            if state.filters.empty and state.rate.last_record_ms < horizon:
+                stale.append(user)
+        for user in stale:
+            del self.users[user]
+        if len(self._matches) > 4 * max(16, len(self.users)):
+            self._matches.clear()
+        return len(stale)
+
+    @staticmethod
+    def _span_ms(window: QuotaWindow) -> float:
+        return window.num * window.size_ms

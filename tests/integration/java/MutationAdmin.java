@@ -1,0 +1,77 @@
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+import java.util.concurrent.ExecutionException;
+
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AdminClientConfig;
+import org.apache.kafka.clients.admin.CreatePartitionsOptions;
+import org.apache.kafka.clients.admin.CreateTopicsOptions;
+import org.apache.kafka.clients.admin.DeleteTopicsOptions;
+import org.apache.kafka.clients.admin.NewPartitions;
+import org.apache.kafka.clients.admin.NewTopic;
+import org.apache.kafka.common.KafkaFuture;
+import org.apache.kafka.common.errors.ThrottlingQuotaExceededException;
+
+/**
+ * Kafka's own Java admin client, with retryOnQuotaViolation off, for the mutation quota tests.
+ *
+ * Usage: MutationAdmin BOOTSTRAP CLIENT_ID create|validate NAME:PARTITIONS...
+ *                                          partitions NAME:TOTAL...
+ *                                          delete NAME...
+ * Prints one line per topic: "RESULT name OK" or "RESULT name ExceptionClass throttleMs message".
+ */
+public class MutationAdmin {
+    public static void main(String[] args) throws Exception {
+        Properties props = new Properties();
+        props.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, args[0]);
+        props.put(AdminClientConfig.CLIENT_ID_CONFIG, args[1]);
+        props.put(AdminClientConfig.DEFAULT_API_TIMEOUT_MS_CONFIG, "30000");
+        String op = args[2];
+        Map<String, KafkaFuture<Void>> results = new HashMap<>();
+        List<String> order = new ArrayList<>();
+        try (Admin admin = Admin.create(props)) {
+            if (op.equals("create") || op.equals("validate")) {
+                List<NewTopic> topics = new ArrayList<>();
+                for (int i = 3; i < args.length; i++) {
+                    String[] parts = args[i].split(":");
+                    topics.add(new NewTopic(parts[0], Integer.parseInt(parts[1]), (short) 1));
+                    order.add(parts[0]);
+                }
+                CreateTopicsOptions options = new CreateTopicsOptions().retryOnQuotaViolation(false)
+                    .validateOnly(op.equals("validate"));
+                results.putAll(admin.createTopics(topics, options).values());
+            } else if (op.equals("partitions")) {
+                Map<String, NewPartitions> topics = new HashMap<>();
+                for (int i = 3; i < args.length; i++) {
+                    String[] parts = args[i].split(":");
+                    topics.put(parts[0], NewPartitions.increaseTo(Integer.parseInt(parts[1])));
+                    order.add(parts[0]);
+                }
+                results.putAll(admin.createPartitions(topics, new CreatePartitionsOptions().retryOnQuotaViolation(false)).values());
+            } else if (op.equals("delete")) {
+                for (int i = 3; i < args.length; i++) {
+                    order.add(args[i]);
+                }
+                results.putAll(admin.deleteTopics(order, new DeleteTopicsOptions().retryOnQuotaViolation(false))
+                    .topicNameValues());
+            } else {
+                throw new IllegalArgumentException("unknown operation " + op);
+            }
+            for (String name : order) {
+                try {
+                    results.get(name).get();
+                    System.out.println("RESULT " + name + " OK");
+                } catch (ExecutionException e) {
+                    Throwable cause = e.getCause();
+                    int throttle = cause instanceof ThrottlingQuotaExceededException
+                        ? ((ThrottlingQuotaExceededException) cause).throttleTimeMs() : 0;
+                    System.out.println("RESULT " + name + " " + cause.getClass().getSimpleName() + " " + throttle
+                        + " " + cause.getMessage());
+                }
+            }
+        }
+    }
+}
