@@ -9,7 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.server import ProxyServer
 from proxy.throttling import QuotaEnforcer
-from quota.keys import ANONYMOUS, CONTROLLER_MUTATION_RATE
+from quota.keys import ANONYMOUS, CONTROLLER_MUTATION_RATE, PRODUCER_IDS_RATE, REQUEST_PERCENTAGE
 from quota.rate import throttle_time_ms
 
 
@@ -36,6 +36,8 @@ def entity_state(enforcer: QuotaEnforcer, user: str, client_id: str) -> dict[str
             )
         out[quotas.key] = state
     out[CONTROLLER_MUTATION_RATE] = enforcer.mutations.state(user, client_id, now)
+    out[REQUEST_PERCENTAGE] = enforcer.request_time.state(user, client_id, now)
+    out[PRODUCER_IDS_RATE] = enforcer.producer_ids.state(user, now)
     return out
 
 
@@ -67,9 +69,18 @@ def build_app(server: ProxyServer) -> web.Application:
         client_id = request.query.get("client_id", "")
         return web.json_response(entity_state(server.enforcer, user, client_id))
 
+    async def ip(request: web.Request) -> web.Response:
+        address = request.query.get("ip", "")
+        if not address:
+            return web.json_response({"error": "give ?ip=<client address>"}, status=400)
+        enforcer = server.enforcer
+        state = enforcer.connections.state(address, enforcer.now_ms())
+        return web.json_response(state)
+
     app = web.Application()
     app.router.add_get("/quotas", quotas)
     app.router.add_get("/quotas/entity", entity)
+    app.router.add_get("/quotas/ip", ip)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -55,6 +55,18 @@ class ProxyMetrics:
         self.throttle_seconds = Counter(
             "kthrottle_throttle_seconds", "Throttle time decided by the proxy, by api", ["api"], registry=r
         )
+        self.quota_throttles = Counter(
+            "kthrottle_quota_throttles",
+            "Requests throttled by producer_ids_rate or request_percentage, by api, quota and mode",
+            ["api", "quota", "mode"],
+            registry=r,
+        )
+        self.throttled_connections = Counter(
+            "kthrottle_throttled_connections",
+            "Client connections over their IP's connection_creation_rate: held, then closed (KIP-612)",
+            ["mode"],
+            registry=r,
+        )
         self.mutation_rejected_topics = Counter(
             "kthrottle_mutation_rejected_topics",
             "Topics answered THROTTLING_QUOTA_EXCEEDED by the proxy (KIP-599 strict versions)",

@@ -57,6 +57,10 @@ _THROTTLE_PENDING = "throttle-pending"  # a throttled request's response has not
 _ADMISSION = "admission"  # a mutation request is being priced: later requests wait behind it
 _HOLD_REASONS = frozenset({_THROTTLE, _THROTTLE_PENDING, _ADMISSION})
 
+# Requests the broker parks by design (a group waiting for its members): their time is waiting,
+# not work, so request_percentage does not count it.
+_PARKED_APIS = frozenset({ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP})
+
 # Responses that may carry broker addresses or capabilities the proxy must change.
 _REWRITE_ALWAYS = frozenset(
     {ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER}
@@ -74,6 +78,9 @@ class InFlight:
     throttle_ms: int = 0  # the proxy's throttle for this request, decided when it was read
     fetch: FetchRequestInfo | None = None  # set when the fetch quota needs the response
     mutation: MutationState | None = None  # set when the mutation quota needs the response
+    charge_time: bool = False  # its upstream time counts against request_percentage
+    holds_reads: bool = False  # a throttled produce: reads stay paused until its response
+    busy: float = 0.0  # seconds the broker spent on it, as far as the proxy can tell
 
 
 class _ClientProtocol(asyncio.BufferedProtocol):
@@ -157,11 +164,23 @@ class Pipeline:
         self._mute_until = 0.0
         self._mute_handle: asyncio.TimerHandle | None = None
         self._pending_throttles = 0  # throttled produce requests whose response is still to come
+        self._last_response_at = 0.0
         self.held: deque[bytearray] = deque()  # requests read while the connection was muted
         self._tasks: set[asyncio.Task[None]] = set()
         self.loop = asyncio.get_running_loop()
         self.metrics = server.metrics
         server.pipeline_opened(self)
+        self._connect_task: asyncio.Task[None] | None = None
+        hold_ms = server.enforcer.on_connection(peer[0]) if isinstance(peer, tuple) else 0
+        if hold_ms:
+            # KIP-612: an IP over its connection rate is accepted but never read from, and closed
+            # once the throttle time has passed; other IPs are not affected.
+            self.pause_client("connection-rate")
+            self._mute_handle = self.loop.call_later(
+                hold_ms / 1000.0,
+                lambda: self.close(f"over connection_creation_rate, held {hold_ms} ms", level=logging.INFO),
+            )
+            return
         self.pause_client("connecting")
         self._connect_task = self.loop.create_task(self._connect())
 
@@ -209,7 +228,7 @@ class Pipeline:
         self.client.close()
         if self.upstream is not None:
             self.upstream.close()
-        if not self._connect_task.done():
+        if self._connect_task is not None and not self._connect_task.done():
             self._connect_task.cancel()
         if self._mute_handle is not None:
             self._mute_handle.cancel()
@@ -299,24 +318,28 @@ class Pipeline:
                 )
                 return
         throttle_ms = 0
+        holds_reads = False
+        acks: int | None = None
         fetch: FetchRequestInfo | None = None
         client_id = header.client_id or ""
+        enforcer = self.server.enforcer
         if key == ApiKey.PRODUCE:
             try:
                 body = messages.decode_request(key, version, memoryview(frame)[header.size :])
             except SchemaError as exc:
                 self.reject(f"malformed Produce v{version} request: {exc}", "malformed")
                 return
-            expects_response = messages.produce_acks(body) != 0
-            enforcer = self.server.enforcer
+            acks = messages.produce_acks(body)
+            expects_response = acks != 0
             # Kafka charges header + body and appends first: the throttle comes after.
-            throttle_ms = enforcer.on_produce(self.user, client_id, len(frame), body).throttle_ms
+            throttle_ms = enforcer.on_produce(self.user, client_id, len(frame), body)
             if enforcer.dry_run:
                 throttle_ms = 0
             if throttle_ms:
                 if expects_response:
                     # Read nothing more until the response goes out and its mute ends, as the
                     # broker (which reads one request at a time per connection) would.
+                    holds_reads = True
                     self._pending_throttles += 1
                     self.pause_client(_THROTTLE_PENDING)
                 else:
@@ -331,7 +354,7 @@ class Pipeline:
                 self.sasl.on_handshake(str(sasl.get("mechanism", "")))
             else:
                 self.sasl.on_authenticate_request(bytes(sasl.get("auth_bytes") or b""))
-        elif key in MUTATION_APIS and self.server.enforcer.mutation_quota_applies(self.user, client_id):
+        elif key in MUTATION_APIS and enforcer.mutation_quota_applies(self.user, client_id):
             try:
                 body = messages.decode_request(key, version, memoryview(frame)[header.size :])
             except SchemaError as exc:
@@ -341,7 +364,7 @@ class Pipeline:
             if state is not None:
                 self._admit(frame, header, body, state)
                 return
-        elif key == ApiKey.FETCH and self.server.enforcer.fetch.active:
+        elif key == ApiKey.FETCH and (enforcer.fetch.active or enforcer.request_time.active):
             try:
                 fetch = self._prepare_fetch(frame, header, client_id)
             except SchemaError as exc:
@@ -351,11 +374,12 @@ class Pipeline:
         req_counter.inc()
         bytes_counter.inc(len(frame) + 4)
         if expects_response:
-            self.in_flight.append(
-                InFlight(
-                    key, version, header.correlation_id, self.loop.time(), None, client_id, throttle_ms, fetch
-                )
+            entry = InFlight(
+                key, version, header.correlation_id, self.loop.time(), None, client_id, throttle_ms, fetch
             )
+            entry.holds_reads = holds_reads
+            entry.charge_time = key not in _PARKED_APIS and enforcer.request_time_charged(key, acks)
+            self.in_flight.append(entry)
         if self.upstream is None:
             self.pending.append(frame)
         else:
@@ -379,6 +403,7 @@ class Pipeline:
             None,
             state,
         )
+        entry.charge_time = self.server.enforcer.request_time_charged(header.api_key)
         self.in_flight.append(entry)
         self.pause_client(_ADMISSION)
         task = self.loop.create_task(self._admission(entry, frame, header, body, state))
@@ -511,6 +536,19 @@ class Pipeline:
         key = entry.api_key
         if key == ApiKey.SASL_AUTHENTICATE:
             self._sasl_result(entry, frame)
+        now = self.loop.time()
+        # The broker works on one request of a connection at a time: a pipelined request's time
+        # starts when the one before it was answered.
+        entry.busy = now - max(entry.sent_at, self._last_response_at)
+        self._last_response_at = now
+        if key == ApiKey.INIT_PRODUCER_ID:
+            pid_ms = self.server.enforcer.on_init_producer_id(self.user, entry.client_id)
+            entry.throttle_ms = max(entry.throttle_ms, pid_ms)
+        if entry.charge_time and entry.fetch is None:  # a fetch is charged once its response is read
+            enforcer = self.server.enforcer
+            time_ms = enforcer.on_request_time(self.user, entry.client_id, key, entry.busy)
+            if time_ms and not enforcer.dry_run:
+                entry.throttle_ms = max(entry.throttle_ms, time_ms)
         addresses = key in _REWRITE_ALWAYS or (
             key in NODE_ENDPOINTS_FROM and entry.api_version >= NODE_ENDPOINTS_FROM[key]
         )
@@ -527,10 +565,10 @@ class Pipeline:
         self.client.writelines((SIZE.pack(len(frame)), frame))
         if entry.throttle_ms:
             self.mute(entry.throttle_ms)
-            if entry.api_key == ApiKey.PRODUCE:
-                self._pending_throttles -= 1
-                if not self._pending_throttles:
-                    self.resume_client(_THROTTLE_PENDING)
+        if entry.holds_reads:
+            self._pending_throttles -= 1
+            if not self._pending_throttles:
+                self.resume_client(_THROTTLE_PENDING)
         self._flush_local()
         if self.server.draining and not self.in_flight:
             self.close("drained for shutdown", level=logging.INFO)
@@ -558,13 +596,14 @@ class Pipeline:
         hsize = response_header_size(key, version, frame)
         body = messages.decode_response(key, version, memoryview(frame)[hsize:])
         if entry.fetch is not None:
-            enforcer = self.server.enforcer
-            decision, _parts = enforcer.on_fetch_response(self.user, entry.client_id, len(frame), body)
-            if decision.throttled and not enforcer.dry_run:
-                entry.throttle_ms = decision.throttle_ms
+            throttle_ms = self.server.enforcer.on_fetch_response(
+                self.user, entry.client_id, len(frame), body, entry.busy if entry.charge_time else None
+            )
+            if throttle_ms:
+                entry.throttle_ms = throttle_ms
                 broker_ms = int(body.get("throttle_time_ms", 0))
                 out = bytearray(frame[:hsize])
-                out += throttled_fetch_response(version, max(broker_ms, decision.throttle_ms), entry.fetch)
+                out += throttled_fetch_response(version, max(broker_ms, throttle_ms), entry.fetch)
                 return out
         if entry.mutation is not None:
             state = entry.mutation

@@ -55,6 +55,86 @@ class QuotaCollector(Collector):
                 pthrottle.add_metric([direction, topic, str(part)], throttled)
         yield from (rate, throttle, prate, pthrottle)
         yield from self._mutations(now)
+        yield from self._producer_ids(now)
+        yield from self._request_time(now)
+        yield from self._connections(now)
+
+    def _producer_ids(self, now: float) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """KIP-936: new producer ids per second per user, and what the bloom filters hold."""
+        quotas = self.enforcer.producer_ids
+        rate = GaugeMetricFamily(
+            "kthrottle_producer_id_rate",
+            "New producer ids per second of each user (KIP-936)",
+            labels=["user"],
+        )
+        throttle = CounterMetricFamily(
+            "kthrottle_producer_id_throttle_time_ms",
+            "Throttle time decided for each user by producer_ids_rate",
+            labels=["user"],
+        )
+        memory = GaugeMetricFamily(
+            "kthrottle_producer_id_filter_bytes",
+            "Bytes held by each user's producer-id bloom filters",
+            labels=["user"],
+        )
+        rows = sorted(quotas.snapshot(now), key=lambda row: -row[1])
+        for user, measured, throttled, nbytes in rows[: self.max_series]:
+            rate.add_metric([user], measured)
+            throttle.add_metric([user], throttled)
+            memory.add_metric([user], nbytes)
+        rest = rows[self.max_series :]
+        if rest:
+            rate.add_metric([OTHER], sum(r[1] for r in rest))
+            throttle.add_metric([OTHER], sum(r[2] for r in rest))
+            memory.add_metric([OTHER], sum(r[3] for r in rest))
+        total = GaugeMetricFamily(
+            "kthrottle_producer_id_filter_bytes_total", "Bytes held by all producer-id bloom filters"
+        )
+        total.add_metric([], quotas.memory_bytes())
+        yield from (rate, throttle, memory, total)
+
+    def _request_time(self, now: float) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        labels = ["user", "client_id"]
+        pct = GaugeMetricFamily(
+            "kthrottle_request_time_percentage",
+            "Upstream request time of each request_percentage bucket, in percent of one second",
+            labels=labels,
+        )
+        throttle = CounterMetricFamily(
+            "kthrottle_request_time_throttle_time_ms",
+            "Throttle time decided for each bucket by request_percentage",
+            labels=labels,
+        )
+        rows = sorted(self.enforcer.request_time.snapshot(now), key=lambda row: -row[1])
+        for (user, client_id), measured, throttled in rows[: self.max_series]:
+            pct.add_metric([user, client_id], measured)
+            throttle.add_metric([user, client_id], throttled)
+        rest = rows[self.max_series :]
+        if rest:
+            pct.add_metric([OTHER, OTHER], sum(r[1] for r in rest))
+            throttle.add_metric([OTHER, OTHER], sum(r[2] for r in rest))
+        yield from (pct, throttle)
+
+    def _connections(self, now: float) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        rate = GaugeMetricFamily(
+            "kthrottle_connection_creation_rate",
+            "New connections per second of each client IP",
+            labels=["ip"],
+        )
+        throttle = CounterMetricFamily(
+            "kthrottle_connection_throttle_time_ms",
+            "Time connections of each IP were held before being closed (KIP-612)",
+            labels=["ip"],
+        )
+        rows = sorted(self.enforcer.connections.snapshot(now), key=lambda row: -row[1])
+        for ip, measured, throttled in rows[: self.max_series]:
+            rate.add_metric([ip], measured)
+            throttle.add_metric([ip], throttled)
+        rest = rows[self.max_series :]
+        if rest:
+            rate.add_metric([OTHER], sum(r[1] for r in rest))
+            throttle.add_metric([OTHER], sum(r[2] for r in rest))
+        yield from (rate, throttle)
 
     def _mutations(self, now: float) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         """KIP-599's ControllerMutation sensors: tokens, mutation-rate, throttle-time."""

@@ -20,8 +20,11 @@ from protocol.schema import message_codec
 from proxy.metrics import ProxyMetrics
 from proxy.ratelog import RateLimitedLog
 from quota.config import QuotaConfig
+from quota.connections import ConnectionRateQuotas
 from quota.manager import ByteRateQuotas, Decision, PartitionUsage
 from quota.mutations import MutationQuotas
+from quota.producer_ids import ProducerIdQuotas
+from quota.request_time import RequestTimeQuotas, exempt
 
 if TYPE_CHECKING:
     from proxy.admission import MutationState
@@ -57,6 +60,9 @@ class QuotaEnforcer:
         self.produce = ByteRateQuotas(cfg, produce=True, now_ms=now)
         self.fetch = ByteRateQuotas(cfg, produce=False, now_ms=now)
         self.mutations = MutationQuotas(cfg, now)
+        self.producer_ids = ProducerIdQuotas(cfg, now)
+        self.request_time = RequestTimeQuotas(cfg, now)
+        self.connections = ConnectionRateQuotas(cfg, now)
 
     def now_ms(self) -> float:
         return self.clock() * 1000.0
@@ -70,15 +76,35 @@ class QuotaEnforcer:
         self.produce.reconfigure(cfg)
         self.fetch.reconfigure(cfg)
         self.mutations.reconfigure(cfg)
+        self.producer_ids.reconfigure(cfg)
+        self.request_time.reconfigure(cfg)
+        self.connections.reconfigure(cfg)
 
     # --- produce ---------------------------------------------------------------------------
 
-    def on_produce(self, user: str, client_id: str, request_size: int, body: dict[str, Any]) -> Decision:
-        """Charge a Produce request (header + body bytes; per-partition record bytes)."""
-        parts = _usage(messages.produce_request_partitions(body))
-        decision = self.produce.record(user, client_id, request_size, parts, self.now_ms())
+    def on_produce(self, user: str, client_id: str, request_size: int, body: dict[str, Any]) -> int:
+        """Charge a Produce request (header + body bytes; per-partition record bytes; producer ids
+        new to the user, KIP-936) and return the throttle: the largest of the quotas it is over."""
+        partitions = messages.produce_request_partitions(body)
+        now = self.now_ms()
+        decision = self.produce.record(user, client_id, request_size, _usage(partitions), now)
         self._count(ApiKey.PRODUCE, decision, user, client_id)
-        return decision
+        throttle = decision.throttle_ms
+        if self.producer_ids.active:
+            ids = [pid for p in partitions for pid in p.producer_ids]
+            if ids and self.producer_ids.match(user) is not None:
+                pid = self.producer_ids.record(user, ids, now)
+                if pid.throttled:
+                    self._throttled(
+                        "Produce",
+                        pid.throttle_ms,
+                        "producer-ids",
+                        user,
+                        client_id,
+                        f"{pid.rate:.4g} new producer ids/s over {pid.match.quota if pid.match else 0:g}",
+                    )
+                    throttle = max(throttle, pid.throttle_ms)
+        return throttle
 
     # --- fetch -------------------------------------------------------------------------------
 
@@ -86,15 +112,104 @@ class QuotaEnforcer:
         return self.fetch.max_bytes_in_window(user, client_id)
 
     def on_fetch_response(
-        self, user: str, client_id: str, response_size: int, body: dict[str, Any]
-    ) -> tuple[Decision, list[PartitionUsage]]:
-        parts = _usage(messages.fetch_response_partitions(body))
-        decision = self.fetch.record(user, client_id, response_size, parts, self.now_ms())
-        if decision.throttled and not self.dry_run:
-            # The client gets an empty response instead, so these bytes were never delivered.
-            self.fetch.unrecord(decision, response_size, parts, self.now_ms())
-        self._count(ApiKey.FETCH, decision, user, client_id)
-        return decision, parts
+        self, user: str, client_id: str, response_size: int, body: dict[str, Any], busy: float | None
+    ) -> int:
+        """Charge a fetch response (its bytes; its upstream time when ``busy`` is given) and
+        return the throttle to answer it with, 0 to let it through.
+
+        As Kafka does, a fetch over either quota is answered empty, so its bytes are taken back.
+        The time of a fetch that came back without records is not charged: the broker was
+        waiting out max_wait_ms, not working.
+        """
+        now = self.now_ms()
+        throttle = 0
+        decision: Decision | None = None
+        parts = messages.fetch_response_partitions(body)
+        usage = _usage(parts)
+        if self.fetch.active:
+            decision = self.fetch.record(user, client_id, response_size, usage, now)
+            self._count(ApiKey.FETCH, decision, user, client_id)
+            throttle = decision.throttle_ms
+        if busy is not None and any(p.size for p in parts):
+            throttle = max(throttle, self.on_request_time(user, client_id, ApiKey.FETCH, busy))
+        if not throttle or self.dry_run:
+            return 0
+        if decision is not None:
+            self.fetch.unrecord(decision, response_size, usage, now)
+        return throttle
+
+    def on_init_producer_id(self, user: str, client_id: str) -> int:
+        """A user over producer_ids_rate has its InitProducerId answered with the throttle its next
+        new id would meet, so the new producer waits before its first Produce (see
+        ProducerIdQuotas.pending_throttle_ms)."""
+        if not self.producer_ids.active or self.producer_ids.match(user) is None:
+            return 0
+        throttle = self.producer_ids.pending_throttle_ms(user, self.now_ms())
+        if throttle:
+            self._throttled("InitProducerId", throttle, "producer-ids", user, client_id, "user over its rate")
+        return 0 if self.dry_run else throttle
+
+    # --- request time (request_percentage) --------------------------------------------------
+
+    def request_time_charged(self, api_key: int, acks: int | None = None) -> bool:
+        return self.request_time.active and not exempt(api_key, acks=acks)
+
+    def on_request_time(self, user: str, client_id: str, api_key: int, seconds: float) -> int:
+        """Charge the upstream time of one request; the throttle (capped at one window sample)."""
+        decision = self.request_time.record(user, client_id, seconds, self.now_ms())
+        if decision.throttled:
+            name = api_name(api_key) or str(api_key)
+            self._throttled(
+                name,
+                decision.throttle_ms,
+                "request-time",
+                user,
+                client_id,
+                f"{decision.percentage:.3g}% over {decision.match.quota if decision.match else 0:g}%",
+            )
+        return decision.throttle_ms
+
+    # --- connection rate (KIP-612) ------------------------------------------------------------
+
+    def on_connection(self, ip: str) -> int:
+        """Charge a new client connection to its IP; the time to hold it before closing, or 0."""
+        if not self.connections.active:
+            return 0
+        decision = self.connections.on_accept(ip, self.now_ms())
+        if decision.throttled:
+            mode = "dry-run" if self.dry_run else "applied"
+            self.metrics.throttled_connections.labels(mode).inc()
+            throttle_log.log(
+                logging.INFO,
+                "connections",
+                "connection from %s over connection_creation_rate %g/s (rate %.3g/s): "
+                "held %d ms, then closed (%s)",
+                ip,
+                decision.quota or 0.0,
+                decision.rate,
+                decision.throttle_ms,
+                mode,
+            )
+            if self.dry_run:
+                return 0
+        return decision.throttle_ms
+
+    def _throttled(self, api: str, throttle_ms: int, quota: str, user: str, client_id: str, why: str) -> None:
+        mode = "dry-run" if self.dry_run else "applied"
+        self.metrics.quota_throttles.labels(api, quota, mode).inc()
+        self.metrics.throttle_seconds.labels(api).inc(throttle_ms / 1000.0)
+        throttle_log.log(
+            logging.INFO,
+            quota,
+            "%s from user %s, client %s throttled %d ms by %s: %s (%s)",
+            api,
+            user,
+            client_id,
+            throttle_ms,
+            quota,
+            why,
+            mode,
+        )
 
     # --- partition mutations (KIP-599) ---------------------------------------------------------
 

@@ -146,6 +146,21 @@ class ProducerIdQuotas:
         self.maybe_expire(now_ms)
         return ProducerIdDecision(throttle_ms, new_ids, measured, match)
 
+    def pending_throttle_ms(self, user: str, now_ms: float) -> int:
+        """The throttle the user's next new producer id would meet, without recording anything.
+
+        The proxy answers a user's InitProducerId with it: a producer that is about to bring a new
+        id waits before its first Produce, which is what slows a storm of short-lived producers
+        (each on a fresh connection, so muting after their Produce would not).
+        """
+        match = self.match(user)
+        state = self.users.get(user)
+        if match is None or state is None:
+            return 0
+        window_ms = state.rate.window_ms(now_ms)
+        measured = state.rate.total(now_ms) / (window_ms / 1000.0)
+        return throttle_time_ms(measured, match.quota, window_ms)
+
     def memory_bytes(self) -> int:
         """Bytes held by all users' filters (the bloom bit arrays; per user at most the bound)."""
         return sum(state.filters.nbytes for state in self.users.values())

@@ -251,3 +251,19 @@ def test_state_for_the_admin_endpoint() -> None:
     assert [f["ids"] for f in filters["live"]] == [3, 1]
     [(user, rate, throttled, nbytes)] = q.snapshot(W / 2)
     assert (user, throttled, nbytes) == ("alice", 0.0, 1024) and rate == pytest.approx(4 / 105)
+
+
+def test_pending_throttle_reads_without_recording() -> None:
+    cfg = QuotaConfig.model_validate(
+        {
+            "users": {"alice": {"producer_ids_rate": 1}},
+            "producer_ids": {"window": {"num": 2, "size_seconds": 1}},
+        }
+    )
+    quotas = ProducerIdQuotas(cfg, 0.0)
+    assert quotas.pending_throttle_ms("alice", 0.0) == 0  # nothing seen yet
+    quotas.record("alice", range(1, 4), 0.0)  # 3 ids over a padded 1 s window: 3/s against 1/s
+    first = quotas.pending_throttle_ms("alice", 0.0)
+    assert first == 2000  # (3 - 1) / 1 * 1000 ms
+    assert quotas.pending_throttle_ms("alice", 0.0) == first  # reading twice changes nothing
+    assert quotas.pending_throttle_ms("bob", 0.0) == 0  # no quota
