@@ -6,11 +6,9 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ import pytest
 
 from dev.harness import KafkaCluster
 from dev.proxy_process import ProxyProcess, gateway_config
+from dev.workloads import producer_id_storm
 
 pytestmark = pytest.mark.integration
 
@@ -46,8 +45,6 @@ def _sasl(user: str) -> dict[str, Any]:
 def test_producer_id_storm_is_slowed_and_others_are_not(sasl_cluster: KafkaCluster, tmp_path: Path) -> None:
     """alice starts short-lived idempotent producers as fast as 8 threads can; bob runs one
     long-lived idempotent producer. Both users have the <default> user's producer_ids_rate."""
-    from confluent_kafka import Producer
-
     storm_topic, steady_topic = f"pid-storm-{uuid.uuid4().hex[:6]}", f"pid-steady-{uuid.uuid4().hex[:6]}"
     sasl_cluster.create_topic(storm_topic)
     sasl_cluster.create_topic(steady_topic)
@@ -64,72 +61,24 @@ def test_producer_id_storm_is_slowed_and_others_are_not(sasl_cluster: KafkaClust
     }
     duration, steady_from = 40.0, 12.0
     with ProxyProcess(cfg, workdir=tmp_path) as proxy:
-        stop = threading.Event()
-        created: list[float] = []  # when each short-lived producer got its record acknowledged
-        start = time.monotonic()
-
-        def short_lived() -> None:
-            while not stop.is_set():
-                producer = Producer(
-                    {"bootstrap.servers": proxy.bootstrap, "enable.idempotence": True, **_sasl("alice")}
-                )
-                producer.produce(storm_topic, b"x")
-                if producer.flush(30) == 0:
-                    created.append(time.monotonic() - start)
-
-        bob_throttles: list[int] = []
-        bob_errors: list[str] = []
-
-        def long_lived() -> None:
-            def on_stats(raw: str) -> None:
-                for broker in json.loads(raw).get("brokers", {}).values():
-                    bob_throttles.append(int(broker.get("throttle", {}).get("max", 0)))
-
-            producer = Producer(
-                {
-                    "bootstrap.servers": proxy.bootstrap,
-                    "enable.idempotence": True,
-                    "linger.ms": 20,
-                    "statistics.interval.ms": 500,
-                    "stats_cb": on_stats,
-                    **_sasl("bob"),
-                }
-            )
-            while not stop.is_set():
-                producer.produce(
-                    steady_topic, b"b" * 100, on_delivery=lambda err, _m: err and bob_errors.append(str(err))
-                )
-                producer.poll(0.01)
-            assert producer.flush(30) == 0
-
-        with ThreadPoolExecutor(max_workers=9) as pool:
-            futures = [pool.submit(short_lived) for _ in range(8)] + [pool.submit(long_lived)]
-            time.sleep(duration)
-            stop.set()
-            for future in futures:
-                future.result(timeout=90)
-
-        steady = [t for t in created if steady_from <= t < duration]
-        storm_rate = len(steady) / (duration - steady_from)
+        result = producer_id_storm(
+            proxy.bootstrap, _sasl("alice"), _sasl("bob"), storm_topic, steady_topic, duration
+        )
+        storm_rate = result.rate(steady_from, duration)
         alice = json.loads(proxy.admin_get("/quotas/entity?user=alice")[1])["producer_ids_rate"]
         bob = json.loads(proxy.admin_get("/quotas/entity?user=bob")[1])["producer_ids_rate"]
         total_bytes = proxy.metric("kthrottle_producer_id_filter_bytes_total", {})
         print(
-            f"storm: {len(created)} producers, {storm_rate:.1f}/s steady (quota {PID_QUOTA}/s); "
+            f"storm: {len(result.created)} producers, {storm_rate:.1f}/s steady (quota {PID_QUOTA}/s); "
             f"alice filters {alice['filters']}; all filters {total_bytes:.0f} bytes"
         )
         assert storm_rate <= PID_QUOTA * 1.3, f"storm held to {storm_rate:.1f} new ids/s"
         assert storm_rate >= PID_QUOTA * 0.3, f"storm starved at {storm_rate:.1f} new ids/s"
         assert alice["throttle_ms_total"] > 0
-        assert (
-            proxy.metric(
-                "kthrottle_quota_throttles_total",
-                {"api": "InitProducerId", "quota": "producer-ids", "mode": "applied"},
-            )
-            > 0
-        )
-        assert bob["throttle_ms_total"] == 0 and max(bob_throttles, default=0) == 0
-        assert not bob_errors, bob_errors[:3]
+        labels = {"api": "InitProducerId", "quota": "producer-ids", "mode": "applied"}
+        assert proxy.metric("kthrottle_quota_throttles_total", labels) > 0
+        assert bob["throttle_ms_total"] == 0 and max(result.steady_throttles, default=0) == 0
+        assert result.steady_delivered > 0 and not result.steady_errors, result.steady_errors[:3]
         assert 0 < total_bytes <= 2 * PID_FILTER_BYTES  # two users, each within its bound
 
 

@@ -90,6 +90,8 @@ def test_java_admin_strict_create(kafka_broker: KafkaCluster, proxy: ProxyProces
         proxy.metric("kthrottle_mutation_rejected_topics_total", {"api": "CreateTopics", "mode": "applied"})
         >= 2
     )
+    log_text = proxy.log_text()
+    assert "CreateTopics v7" in log_text and "2 of 3 topics rejected" in log_text
 
 
 @pytest.mark.timeout(120)

@@ -1,0 +1,22 @@
+"""Throttle logging stays readable under thousands of events a second."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from proxy.ratelog import RateLimitedLog
+
+
+def test_at_most_burst_lines_per_interval_then_the_suppressed_count(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    log = RateLimitedLog(logging.getLogger("ratelog-test"), interval=10.0, burst=2, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="ratelog-test"):
+        logged = [log.log(logging.INFO, "produce", "throttled %d", i) for i in range(5)]
+        assert logged == [True, True, False, False, False]
+        assert log.log(logging.INFO, "fetch", "other kind")  # each kind has its own budget
+        now[0] = 10.0
+        assert log.log(logging.INFO, "produce", "throttled %d", 5)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["throttled 0", "throttled 1", "other kind", "throttled 5 (3 similar lines suppressed)"]
