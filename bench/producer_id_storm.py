@@ -28,19 +28,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dev.harness import KafkaCluster
 from dev.proxy_process import ProxyProcess, gateway_config
-from dev.workloads import StormResult, producer_id_storm
+from dev.workloads import StormResult, librdkafka_sasl, producer_id_storm
 
 USERS = {"alice": "alice-secret", "bob": "bob-secret"}
 STEADY_FROM = 15.0
 
 
 def sasl(user: str) -> dict[str, Any]:
-    return {
-        "security.protocol": "SASL_PLAINTEXT",
-        "sasl.mechanism": "PLAIN",
-        "sasl.username": user,
-        "sasl.password": USERS[user],
-    }
+    return librdkafka_sasl(user, USERS[user])
 
 
 def run(
@@ -82,7 +77,7 @@ def main() -> None:
     rate = held.rate(STEADY_FROM, args.seconds)
     print(
         f"with quota {args.quota:g}/s: {rate:.1f} new ids/s; bob's largest throttle "
-        f"{max(held.steady_throttles, default=0)} ms; alice's filters {alice['filters']}",
+        f"{held.steady_throttles.max} ms; alice's filters {alice['filters']}",
         flush=True,
     )
     figures = {
@@ -90,7 +85,7 @@ def main() -> None:
         "storm_ids_per_s": round(rate, 2),
         "quota_ids_per_s": args.quota,
         "storm_to_quota_ratio": round(rate / args.quota, 3),
-        "long_lived_throttle_ms": max(held.steady_throttles, default=0),
+        "long_lived_throttle_ms": held.steady_throttles.max,
         "long_lived_errors": len(held.steady_errors),
         "filter_bytes_alice": alice["filters"]["bytes"],
         "filter_bytes_bound": args.filter_bytes,

@@ -10,10 +10,39 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def librdkafka_sasl(user: str, password: str, mechanism: str = "PLAIN") -> dict[str, Any]:
+    """librdkafka settings for a SASL_PLAINTEXT login."""
+    return {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": mechanism,
+        "sasl.username": user,
+        "sasl.password": password,
+    }
+
+
+class ThrottleWatch:
+    """Collects the throttle librdkafka reports (its per-broker ``throttle.max`` statistic):
+    pass ``watch.config(ms)`` into a client's settings, read ``watch.max`` afterwards."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def on_stats(self, raw: str) -> None:
+        for broker in json.loads(raw).get("brokers", {}).values():
+            self.seen.append(int(broker.get("throttle", {}).get("max", 0)))
+
+    def config(self, interval_ms: int = 500) -> dict[str, Any]:
+        return {"statistics.interval.ms": interval_ms, "stats_cb": self.on_stats}
+
+    @property
+    def max(self) -> int:
+        return max(self.seen, default=0)
+
+
 @dataclass
 class StormResult:
     created: list[float] = field(default_factory=list)  # seconds from start, one per acked producer
-    steady_throttles: list[int] = field(default_factory=list)  # librdkafka's throttle max, per stats
+    steady_throttles: ThrottleWatch = field(default_factory=ThrottleWatch)
     steady_errors: list[str] = field(default_factory=list)
     steady_delivered: int = 0
 
@@ -48,10 +77,6 @@ def producer_id_storm(
                 result.created.append(time.monotonic() - start)
 
     def long_lived() -> None:
-        def on_stats(raw: str) -> None:
-            for broker in json.loads(raw).get("brokers", {}).values():
-                result.steady_throttles.append(int(broker.get("throttle", {}).get("max", 0)))
-
         def on_delivery(err: object, _msg: object) -> None:
             if err is None:
                 result.steady_delivered += 1
@@ -63,8 +88,7 @@ def producer_id_storm(
                 "bootstrap.servers": bootstrap,
                 "enable.idempotence": True,
                 "linger.ms": 20,
-                "statistics.interval.ms": 500,
-                "stats_cb": on_stats,
+                **result.steady_throttles.config(),
                 **steady_conf,
             }
         )

@@ -7,13 +7,13 @@ their own series; the rest are summed into one series labelled ``__other__``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from proxy.throttling import QuotaEnforcer
-from quota.rate import SampledRate
 
 OTHER = "__other__"
 
@@ -47,17 +47,35 @@ class QuotaCollector(Collector):
         )
         for quotas in (self.enforcer.produce, self.enforcer.fetch):
             direction = "produce" if quotas.produce else "fetch"
-            for (a, b), measured, throttled in self._bounded(quotas.clients, now):
-                rate.add_metric([direction, str(a), str(b)], measured)
-                throttle.add_metric([direction, str(a), str(b)], throttled)
-            for (topic, part), measured, throttled in self._bounded(quotas.partitions, now):
-                prate.add_metric([direction, topic, str(part)], measured)
-                pthrottle.add_metric([direction, topic, str(part)], throttled)
+            clients = [((a, b), r.measure(now), r.throttled_ms) for (a, b), r in quotas.clients.items()]
+            self._bounded((rate, throttle), sorted(clients, key=lambda row: -row[1]), prefix=(direction,))
+            parts = [((t, str(p)), r.measure(now), r.throttled_ms) for (t, p), r in quotas.partitions.items()]
+            self._bounded((prate, pthrottle), sorted(parts, key=lambda row: -row[1]), prefix=(direction,))
         yield from (rate, throttle, prate, pthrottle)
         yield from self._mutations(now)
         yield from self._producer_ids(now)
         yield from self._request_time(now)
         yield from self._connections(now)
+
+    def _bounded(
+        self,
+        families: Sequence[GaugeMetricFamily | CounterMetricFamily],
+        rows: list[tuple[Any, ...]],
+        combine: dict[int, Callable[[Iterable[float]], float]] | None = None,
+        prefix: tuple[str, ...] = (),
+    ) -> None:
+        """Add rows (label values, then one value per family), busiest first: the first
+        ``max_series`` get their own series, the rest one ``__other__`` series (summed unless
+        ``combine`` says otherwise for a family). ``prefix`` labels go before each row's."""
+        for labels, *values in rows[: self.max_series]:
+            for family, value in zip(families, values, strict=True):
+                family.add_metric([*prefix, *labels], value)
+        rest = rows[self.max_series :]
+        if rest:
+            other = [*prefix, *[OTHER] * len(rest[0][0])]
+            for i, family in enumerate(families):
+                aggregate = (combine or {}).get(i, sum)
+                family.add_metric(other, aggregate(r[i + 1] for r in rest))
 
     def _producer_ids(self, now: float) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         """KIP-936: new producer ids per second per user, and what the bloom filters hold."""
@@ -77,16 +95,8 @@ class QuotaCollector(Collector):
             "Bytes held by each user's producer-id bloom filters",
             labels=["user"],
         )
-        rows = sorted(quotas.snapshot(now), key=lambda row: -row[1])
-        for user, measured, throttled, nbytes in rows[: self.max_series]:
-            rate.add_metric([user], measured)
-            throttle.add_metric([user], throttled)
-            memory.add_metric([user], nbytes)
-        rest = rows[self.max_series :]
-        if rest:
-            rate.add_metric([OTHER], sum(r[1] for r in rest))
-            throttle.add_metric([OTHER], sum(r[2] for r in rest))
-            memory.add_metric([OTHER], sum(r[3] for r in rest))
+        rows = [((user,), *values) for user, *values in quotas.snapshot(now)]
+        self._bounded((rate, throttle, memory), sorted(rows, key=lambda row: -row[1]))
         total = GaugeMetricFamily(
             "kthrottle_producer_id_filter_bytes_total", "Bytes held by all producer-id bloom filters"
         )
@@ -106,13 +116,7 @@ class QuotaCollector(Collector):
             labels=labels,
         )
         rows = sorted(self.enforcer.request_time.snapshot(now), key=lambda row: -row[1])
-        for (user, client_id), measured, throttled in rows[: self.max_series]:
-            pct.add_metric([user, client_id], measured)
-            throttle.add_metric([user, client_id], throttled)
-        rest = rows[self.max_series :]
-        if rest:
-            pct.add_metric([OTHER, OTHER], sum(r[1] for r in rest))
-            throttle.add_metric([OTHER, OTHER], sum(r[2] for r in rest))
+        self._bounded((pct, throttle), rows)
         yield from (pct, throttle)
 
     def _connections(self, now: float) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
@@ -126,14 +130,8 @@ class QuotaCollector(Collector):
             "Time connections of each IP were held before being closed (KIP-612)",
             labels=["ip"],
         )
-        rows = sorted(self.enforcer.connections.snapshot(now), key=lambda row: -row[1])
-        for ip, measured, throttled in rows[: self.max_series]:
-            rate.add_metric([ip], measured)
-            throttle.add_metric([ip], throttled)
-        rest = rows[self.max_series :]
-        if rest:
-            rate.add_metric([OTHER], sum(r[1] for r in rest))
-            throttle.add_metric([OTHER], sum(r[2] for r in rest))
+        rows = [((ip,), *values) for ip, *values in self.enforcer.connections.snapshot(now)]
+        self._bounded((rate, throttle), sorted(rows, key=lambda row: -row[1]))
         yield from (rate, throttle)
 
     def _mutations(self, now: float) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
@@ -153,24 +151,5 @@ class QuotaCollector(Collector):
             labels=labels,
         )
         rows = sorted(self.enforcer.mutations.snapshot(now), key=lambda row: row[1])  # most throttled first
-        for (user, client_id), left, measured, throttled in rows[: self.max_series]:
-            tokens.add_metric([user, client_id], left)
-            rate.add_metric([user, client_id], measured)
-            throttle.add_metric([user, client_id], throttled)
-        rest = rows[self.max_series :]
-        if rest:
-            tokens.add_metric([OTHER, OTHER], min(r[1] for r in rest))
-            rate.add_metric([OTHER, OTHER], sum(r[2] for r in rest))
-            throttle.add_metric([OTHER, OTHER], sum(r[3] for r in rest))
+        self._bounded((tokens, rate, throttle), rows, combine={0: min})
         yield from (tokens, rate, throttle)
-
-    def _bounded(
-        self, table: dict[tuple[str, str], SampledRate] | dict[tuple[str, int], SampledRate], now: float
-    ) -> Iterator[tuple[tuple[str, str] | tuple[str, int], float, float]]:
-        rows = sorted(
-            ((k, r.measure(now), r.throttled_ms) for k, r in table.items()), key=lambda row: -row[1]
-        )
-        yield from rows[: self.max_series]
-        rest = rows[self.max_series :]
-        if rest:
-            yield (OTHER, OTHER), sum(r[1] for r in rest), sum(r[2] for r in rest)

@@ -55,6 +55,14 @@ def resolve(cfg: QuotaConfig, user: str, client_id: str, key: str) -> Match | No
     return None
 
 
+def any_entity_quota(cfg: QuotaConfig, key: str) -> bool:
+    """Whether any user, client id or (user, client-id) has a quota of kind ``key``: when none
+    does, the proxy skips that quota's work altogether."""
+    entities = [*cfg.clients.values(), *cfg.users.values()]
+    entities += [c for u in cfg.users.values() for c in u.clients.values()]
+    return any(q.get(key) is not None for q in entities)
+
+
 def topic_quota(cfg: QuotaConfig, topic: str, produce: bool) -> float | None:
     """Per-partition quota of a topic (KIP-1010), falling back to the '<default>' topic."""
     for name in (topic, DEFAULT):

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from quota.config import QuotaConfig
-from quota.entities import Bucket, Match, resolve, topic_quota
+from quota.entities import Bucket, Match, any_entity_quota, resolve, topic_quota
 from quota.keys import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from quota.rate import SampledRate, throttle_time_ms
 
@@ -70,9 +70,7 @@ class ByteRateQuotas:
 
     def _any_quota(self, cfg: QuotaConfig) -> bool:
         """Whether any entity or topic has a quota of this kind (else the proxy skips the work)."""
-        entities = [*cfg.clients.values(), *cfg.users.values()]
-        entities += [c for u in cfg.users.values() for c in u.clients.values()]
-        if any(q.get(self.key) is not None for q in entities):
+        if any_entity_quota(cfg, self.key):
             return True
         return any(
             (t.producer_byte_rate if self.produce else t.consumer_byte_rate) is not None

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from quota.config import QuotaConfig
-from quota.entities import Bucket, Match, resolve
+from quota.entities import Bucket, Match, any_entity_quota, resolve
 from quota.keys import CONTROLLER_MUTATION_RATE
 from quota.rate import QuotaWindow, SampledRate
 from quota.token_bucket import TokenBucket
@@ -67,14 +67,7 @@ class MutationQuotas:
         self.buckets: dict[Bucket, _State] = {}
         self._matches: dict[tuple[str, str], Match | None] = {}
         self._last_expiry_ms = now_ms
-        self.active = self._any_quota(cfg)
-
-    @staticmethod
-    def _any_quota(cfg: QuotaConfig) -> bool:
-        """Whether any entity has a mutation quota (else the proxy skips all the work)."""
-        entities = [*cfg.clients.values(), *cfg.users.values()]
-        entities += [c for u in cfg.users.values() for c in u.clients.values()]
-        return any(q.get(CONTROLLER_MUTATION_RATE) is not None for q in entities)
+        self.active = any_entity_quota(cfg, CONTROLLER_MUTATION_RATE)
 
     def burst(self, quota: float) -> float:
         """Kafka's TokenBucket burst: samples * window seconds * quota."""
@@ -89,7 +82,7 @@ class MutationQuotas:
         """
         self.cfg = cfg
         self._matches.clear()
-        self.active = self._any_quota(cfg)
+        self.active = any_entity_quota(cfg, CONTROLLER_MUTATION_RATE)
         window = cfg.controller_window.quota_window()
         window_changed = window != self.window
         self.window = window

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quota.config import QuotaConfig
-from quota.entities import Bucket, Match, resolve
+from quota.entities import Bucket, Match, any_entity_quota, resolve
 from quota.keys import REQUEST_PERCENTAGE
 from quota.rate import QuotaWindow, SampledRate, throttle_time_ms
 
@@ -66,12 +66,6 @@ class RequestTimeDecision:
         return self.throttle_ms > 0
 
 
-def _any_quota(cfg: QuotaConfig) -> bool:
-    entities = [*cfg.clients.values(), *cfg.users.values()]
-    entities += [c for u in cfg.users.values() for c in u.clients.values()]
-    return any(q.request_percentage is not None for q in entities)
-
-
 class RequestTimeQuotas:
     """Request-time percentages per bucket; only buckets under a quota keep any state."""
 
@@ -81,7 +75,7 @@ class RequestTimeQuotas:
         self.rates: dict[Bucket, SampledRate] = {}
         self._matches: dict[tuple[str, str], Match | None] = {}
         self._last_expiry_ms = now_ms
-        self.active = _any_quota(cfg)
+        self.active = any_entity_quota(cfg, REQUEST_PERCENTAGE)
 
     def reconfigure(self, cfg: QuotaConfig) -> None:
         """Apply a new config; rates are kept unless the window changed (Kafka keeps its sensors)."""
@@ -91,7 +85,7 @@ class RequestTimeQuotas:
             self.window = window
             self.rates.clear()
         self._matches.clear()
-        self.active = _any_quota(cfg)
+        self.active = any_entity_quota(cfg, REQUEST_PERCENTAGE)
 
     def match(self, user: str, client_id: str) -> Match | None:
         key = (user, client_id)

@@ -16,7 +16,7 @@ import pytest
 
 from dev.harness import KafkaCluster
 from dev.proxy_process import ProxyProcess, gateway_config
-from dev.workloads import producer_id_storm
+from dev.workloads import ThrottleWatch, librdkafka_sasl, producer_id_storm
 
 pytestmark = pytest.mark.integration
 
@@ -33,12 +33,7 @@ def sasl_cluster() -> Iterator[KafkaCluster]:
 
 
 def _sasl(user: str) -> dict[str, Any]:
-    return {
-        "security.protocol": "SASL_PLAINTEXT",
-        "sasl.mechanism": "PLAIN",
-        "sasl.username": user,
-        "sasl.password": USERS[user],
-    }
+    return librdkafka_sasl(user, USERS[user])
 
 
 @pytest.mark.timeout(240)
@@ -77,7 +72,7 @@ def test_producer_id_storm_is_slowed_and_others_are_not(sasl_cluster: KafkaClust
         assert alice["throttle_ms_total"] > 0
         labels = {"api": "InitProducerId", "quota": "producer-ids", "mode": "applied"}
         assert proxy.metric("kthrottle_quota_throttles_total", labels) > 0
-        assert bob["throttle_ms_total"] == 0 and max(result.steady_throttles, default=0) == 0
+        assert bob["throttle_ms_total"] == 0 and result.steady_throttles.max == 0
         assert result.steady_delivered > 0 and not result.steady_errors, result.steady_errors[:3]
         assert 0 < total_bytes <= 2 * PID_FILTER_BYTES  # two users, each within its bound
 
@@ -92,20 +87,14 @@ def test_request_percentage_throttles_within_one_window(kafka_broker: KafkaClust
     kafka_broker.create_topic(topic)
     quotas = {"clients": {"busy": {"request_percentage": 1}}}
     with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
-        throttles: list[int] = []
-
-        def on_stats(raw: str) -> None:
-            for broker in json.loads(raw).get("brokers", {}).values():
-                throttles.append(int(broker.get("throttle", {}).get("max", 0)))
-
+        throttles = ThrottleWatch()
         producer = Producer(
             {
                 "bootstrap.servers": proxy.bootstrap,
                 "client.id": "busy",
                 "acks": "all",
                 "linger.ms": 0,
-                "statistics.interval.ms": 500,
-                "stats_cb": on_stats,
+                **throttles.config(),
             }
         )
         delivered = [0]
@@ -122,7 +111,7 @@ def test_request_percentage_throttles_within_one_window(kafka_broker: KafkaClust
         state = json.loads(proxy.admin_get("/quotas/entity?client_id=busy")[1])["request_percentage"]
         assert delivered[0] > 0
         assert state["throttle_ms_total"] > 0
-        assert 0 < max(throttles, default=0) <= 1000, throttles[-5:]
+        assert 0 < throttles.max <= 1000, throttles.seen[-5:]
 
 
 @pytest.mark.timeout(120)

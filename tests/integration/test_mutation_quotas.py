@@ -19,6 +19,7 @@ import pytest
 
 from dev.harness import KafkaCluster, run_tool
 from dev.proxy_process import ProxyProcess, gateway_config
+from dev.workloads import ThrottleWatch
 from protocol.errors import ErrorCode
 from protocol.mutations import THROTTLING_QUOTA_EXCEEDED_MESSAGE
 
@@ -206,19 +207,9 @@ def test_aiokafka_admin_old_version_is_muted_not_rejected(
 def test_confluent_admin_is_throttled(kafka_broker: KafkaCluster, proxy: ProxyProcess) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    throttles: list[int] = []
-
-    def on_stats(raw: str) -> None:
-        for broker in json.loads(raw).get("brokers", {}).values():
-            throttles.append(int(broker.get("throttle", {}).get("max", 0)))
-
+    throttles = ThrottleWatch()
     admin = AdminClient(
-        {
-            "bootstrap.servers": proxy.bootstrap,
-            "client.id": "rdkafka-admin",
-            "statistics.interval.ms": 200,
-            "stats_cb": on_stats,
-        }
+        {"bootstrap.servers": proxy.bootstrap, "client.id": "rdkafka-admin", **throttles.config(200)}
     )
     names = [_name("m-rdk"), _name("m-rdk")]
     futures = admin.create_topics([NewTopic(n, 30, 1) for n in names], operation_timeout=30)
@@ -237,5 +228,5 @@ def test_confluent_admin_is_throttled(kafka_broker: KafkaCluster, proxy: ProxyPr
     if refused:
         assert any(re.search("THROTTLING_QUOTA_EXCEEDED|throttling quota", o) for o in outcomes.values())
     else:
-        assert max(throttles, default=0) > 0, "librdkafka never saw a throttle"
+        assert throttles.max > 0, "librdkafka never saw a throttle"
     assert created and all(_partitions(kafka_broker, n) == 30 for n in created)
