@@ -60,7 +60,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--quota", type=float, default=10.0, help="producer_ids_rate, new ids per second")
+    parser.add_argument("--quota", type=float, default=4.0, help="producer_ids_rate, new ids per second")
     parser.add_argument("--filter-bytes", type=int, default=8192, help="producer_ids.max_bytes_per_user")
     args = parser.parse_args()
     tracking = {
