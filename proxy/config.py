@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from protocol.frames import DEFAULT_MAX_FRAME_BYTES
 from quota.config import QuotaConfig
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class ConfigError(ValueError):
@@ -103,6 +105,21 @@ class UpstreamSasl(Strict):
         return self.password_file.read_text(encoding="utf-8").strip()
 
 
+class CaptureConfig(Strict):
+    """Traffic capture: one record per request (quota/capture_schema.py) to rolling Parquet files."""
+
+    enabled: bool = False
+    directory: Path = Path("capture")
+    instance: str | None = None  # names this proxy in the records and file names; default: host name
+    max_file_bytes: int = Field(128 * 1024 * 1024, ge=64 * 1024, le=2**40)
+    max_file_seconds: float = Field(300.0, ge=1, le=86400)
+    retention_files: int = Field(288, ge=1, le=1_000_000)  # completed files kept, oldest deleted first
+    retention_seconds: float | None = Field(7 * 86400.0, gt=0)  # and none older than this
+    queue_records: int = Field(200_000, ge=1000, le=10_000_000)  # past this, records are dropped
+    batch_records: int = Field(8192, ge=16, le=1_000_000)  # one Parquet row group at most
+    flush_seconds: float = Field(1.0, gt=0, le=60)
+
+
 class ProxyConfig(Strict):
     mode: Literal["gateway", "sidecar"] = "gateway"
     bind_host: str = "127.0.0.1"
@@ -116,6 +133,10 @@ class ProxyConfig(Strict):
     admin: AdminConfig = Field(default_factory=AdminConfig)
     upstream_sasl: UpstreamSasl | None = None
     quotas: QuotaConfig = Field(default_factory=QuotaConfig)
+    # Quotas kept in a file of their own (``quotas:`` at its top, as `kthrottle tune` writes it),
+    # reloaded like the main file; relative to the main config file's directory.
+    quotas_file: Path | None = None
+    capture: CaptureConfig = Field(default_factory=CaptureConfig)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("bind_host")
@@ -169,6 +190,15 @@ def _line_of(root: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
 
 def parse_config(text: str, source: str = "<config>") -> ProxyConfig:
     """Parse and validate; every problem is reported with file:line and the field's path."""
+    return _validated(ProxyConfig, text, source)
+
+
+class _QuotasFile(Strict):
+    quotas: QuotaConfig
+
+
+def _validated(model: type[M], text: str, source: str) -> M:
+    """Parse YAML and validate it; every problem is reported with file:line and the field's path."""
     try:
         root = yaml.compose(text)
         data: Any = yaml.safe_load(text)
@@ -181,7 +211,7 @@ def parse_config(text: str, source: str = "<config>") -> ProxyConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}:1: the config must be a mapping of settings")
     try:
-        return ProxyConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
@@ -192,10 +222,29 @@ def parse_config(text: str, source: str = "<config>") -> ProxyConfig:
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from exc
 
 
-def load_config(path: str | Path) -> ProxyConfig:
-    p = Path(path)
+def _read(path: Path) -> str:
     try:
-        text = p.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"{p}: cannot read config: {exc.strerror}") from exc
-    return parse_config(text, str(p))
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from exc
+
+
+def quotas_path(cfg: ProxyConfig, config_path: str | Path) -> Path | None:
+    """Where the quotas file of this config is, if it has one."""
+    if cfg.quotas_file is None:
+        return None
+    return Path(config_path).parent / cfg.quotas_file
+
+
+def load_config(path: str | Path) -> ProxyConfig:
+    """Load the config file, and the quotas file it names (``quotas_file``), if any."""
+    p = Path(path)
+    text = _read(p)
+    cfg = parse_config(text, str(p))
+    qpath = quotas_path(cfg, p)
+    if qpath is None:
+        return cfg
+    if isinstance(yaml.safe_load(text), dict) and "quotas" in yaml.safe_load(text):
+        raise ConfigError(f"{p}: give quotas inline or in quotas_file ({cfg.quotas_file}), not both")
+    quotas = _validated(_QuotasFile, _read(qpath), str(qpath)).quotas
+    return cfg.model_copy(update={"quotas": quotas})

@@ -73,6 +73,18 @@ class ProxyMetrics:
             ["api", "mode"],
             registry=r,
         )
+        self.capture_records = Counter(
+            "kthrottle_capture_records", "Capture records written to files", registry=r
+        )
+        self.capture_dropped = Counter(
+            "kthrottle_capture_dropped",
+            "Capture records dropped because the writer fell behind (traffic is never slowed)",
+            registry=r,
+        )
+        self.capture_files = Counter("kthrottle_capture_files", "Capture files completed", registry=r)
+        self.capture_errors = Counter(
+            "kthrottle_capture_write_errors", "Failed capture writes (their records are lost)", registry=r
+        )
         self.config_reloads = Counter(
             "kthrottle_config_reloads",
             "Config reloads, by result (applied, rejected)",

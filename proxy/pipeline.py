@@ -33,6 +33,7 @@ from protocol.schema import SchemaError
 from protocol.versions import DECODED_APIS, NODE_ENDPOINTS_FROM, codec_versions
 from proxy import admission
 from proxy.admission import MutationState
+from proxy.capture_rows import CaptureDraft
 from proxy.throttling import (
     FetchRequestInfo,
     cap_fetch_max_bytes,
@@ -56,6 +57,9 @@ _THROTTLE = "throttle"  # muted for a throttle time
 _THROTTLE_PENDING = "throttle-pending"  # a throttled request's response has not gone out yet
 _ADMISSION = "admission"  # a mutation request is being priced: later requests wait behind it
 _HOLD_REASONS = frozenset({_THROTTLE, _THROTTLE_PENDING, _ADMISSION})
+
+# Responses decoded for the capture record when capture is on (partitions, errors, throttle).
+_CAPTURE_DECODES = frozenset({ApiKey.PRODUCE, ApiKey.FETCH})
 
 # Requests the broker parks by design (a group waiting for its members): their time is waiting,
 # not work, so request_percentage does not count it.
@@ -81,6 +85,7 @@ class InFlight:
     charge_time: bool = False  # its upstream time counts against request_percentage
     holds_reads: bool = False  # a throttled produce: reads stay paused until its response
     busy: float = 0.0  # seconds the broker spent on it, as far as the proxy can tell
+    capture: CaptureDraft | None = None  # what the capture record needs, while capture is on
 
 
 class _ClientProtocol(asyncio.BufferedProtocol):
@@ -320,6 +325,7 @@ class Pipeline:
         throttle_ms = 0
         holds_reads = False
         acks: int | None = None
+        draft: CaptureDraft | None = None
         fetch: FetchRequestInfo | None = None
         client_id = header.client_id or ""
         enforcer = self.server.enforcer
@@ -332,9 +338,11 @@ class Pipeline:
             acks = messages.produce_acks(body)
             expects_response = acks != 0
             # Kafka charges header + body and appends first: the throttle comes after.
-            throttle_ms = enforcer.on_produce(self.user, client_id, len(frame), body)
-            if enforcer.dry_run:
-                throttle_ms = 0
+            charge = enforcer.on_produce(self.user, client_id, len(frame), body)
+            throttle_ms = 0 if enforcer.dry_run else charge.throttle_ms
+            if self.server.capture is not None:
+                draft = CaptureDraft.of(header, len(frame))
+                draft.on_produce(charge.partitions, charge.new_producer_ids, charge.throttle_ms)
             if throttle_ms:
                 if expects_response:
                     # Read nothing more until the response goes out and its mute ends, as the
@@ -354,7 +362,9 @@ class Pipeline:
                 self.sasl.on_handshake(str(sasl.get("mechanism", "")))
             else:
                 self.sasl.on_authenticate_request(bytes(sasl.get("auth_bytes") or b""))
-        elif key in MUTATION_APIS and enforcer.mutation_quota_applies(self.user, client_id):
+        elif key in MUTATION_APIS and (
+            self.server.capture is not None or enforcer.mutation_quota_applies(self.user, client_id)
+        ):
             try:
                 body = messages.decode_request(key, version, memoryview(frame)[header.size :])
             except SchemaError as exc:
@@ -379,7 +389,11 @@ class Pipeline:
             )
             entry.holds_reads = holds_reads
             entry.charge_time = key not in _PARKED_APIS and enforcer.request_time_charged(key, acks)
+            if self.server.capture is not None:
+                entry.capture = draft if draft is not None else CaptureDraft.of(header, len(frame))
             self.in_flight.append(entry)
+        elif draft is not None:  # acks=0: no response to wait for
+            self._emit(draft, key, version, client_id, throttle_ms, upstream_ms=-1.0)
         if self.upstream is None:
             self.pending.append(frame)
         else:
@@ -404,6 +418,8 @@ class Pipeline:
             state,
         )
         entry.charge_time = self.server.enforcer.request_time_charged(header.api_key)
+        if self.server.capture is not None:
+            entry.capture = CaptureDraft.of(header, len(frame))
         self.in_flight.append(entry)
         self.pause_client(_ADMISSION)
         task = self.loop.create_task(self._admission(entry, frame, header, body, state))
@@ -422,8 +438,10 @@ class Pipeline:
             state.costs = await admission.resolve_costs(state, self.server.catalog)
             if self.closed:
                 return
-            self.server.enforcer.on_mutation(self.user, entry.client_id, state, self.peer)
+            decided = self.server.enforcer.on_mutation(self.user, entry.client_id, state, self.peer)
             entry.throttle_ms = state.throttle_ms
+            if entry.capture is not None:
+                entry.capture.on_mutation(state.costs, state.accepted, decided)
             if not any(state.accepted):
                 payload = encode_response_header(header.api_key, header.api_version, header.correlation_id)
                 payload += messages.encode_response(
@@ -445,6 +463,34 @@ class Pipeline:
             return
         self._client_pauses.discard(_ADMISSION)
         self._release_held()
+
+    def _emit(
+        self,
+        draft: CaptureDraft,
+        key: int,
+        version: int,
+        client_id: str,
+        throttle_ms: int,
+        upstream_ms: float,
+    ) -> None:
+        """Hand one finished capture record to the writer (it never blocks)."""
+        capture = self.server.capture
+        if capture is not None:
+            capture.record(
+                draft.row(
+                    capture.instance,
+                    self.listener.node_id,
+                    self.id,
+                    self.peer,
+                    self.user,
+                    client_id,
+                    key,
+                    version,
+                    throttle_ms,
+                    upstream_ms,
+                    self.server.enforcer.dry_run,
+                )
+            )
 
     def _prepare_fetch(self, frame: bytearray, header: RequestHeader, client_id: str) -> FetchRequestInfo:
         """Note the fetch session (for a throttled answer) and cap max_bytes as Kafka does."""
@@ -504,6 +550,10 @@ class Pipeline:
             self.client.writelines((SIZE.pack(len(entry.local_response)), entry.local_response))
             if entry.throttle_ms:
                 self.mute(entry.throttle_ms)
+            if entry.capture is not None:
+                self._emit(
+                    entry.capture, entry.api_key, entry.api_version, entry.client_id, entry.throttle_ms, -1.0
+                )
 
     # --- responses -----------------------------------------------------------------------------
 
@@ -536,6 +586,8 @@ class Pipeline:
         key = entry.api_key
         if key == ApiKey.SASL_AUTHENTICATE:
             self._sasl_result(entry, frame)
+        if entry.capture is not None:
+            entry.capture.response_bytes = len(frame)
         now = self.loop.time()
         # The broker works on one request of a connection at a time: a pipelined request's time
         # starts when the one before it was answered.
@@ -552,7 +604,14 @@ class Pipeline:
         addresses = key in _REWRITE_ALWAYS or (
             key in NODE_ENDPOINTS_FROM and entry.api_version >= NODE_ENDPOINTS_FROM[key]
         )
-        if addresses or entry.fetch is not None or entry.mutation is not None or entry.throttle_ms:
+        captured = entry.capture is not None and key in _CAPTURE_DECODES
+        if (
+            addresses
+            or entry.fetch is not None
+            or entry.mutation is not None
+            or entry.throttle_ms
+            or captured
+        ):
             try:
                 frame = self._rewrite(entry, frame, addresses)
             except (SchemaError, FrameError, LookupError) as exc:
@@ -561,7 +620,12 @@ class Pipeline:
                 return
         _req, _bytes, resp_counter, latency = self.metrics.api(key)
         resp_counter.inc(len(frame) + 4)
-        latency.observe(self.loop.time() - entry.sent_at)
+        upstream = now - entry.sent_at
+        latency.observe(upstream)
+        if entry.capture is not None:
+            self._emit(
+                entry.capture, key, entry.api_version, entry.client_id, entry.throttle_ms, upstream * 1000
+            )
         self.client.writelines((SIZE.pack(len(frame)), frame))
         if entry.throttle_ms:
             self.mute(entry.throttle_ms)
@@ -595,10 +659,16 @@ class Pipeline:
         key, version = entry.api_key, entry.api_version
         hsize = response_header_size(key, version, frame)
         body = messages.decode_response(key, version, memoryview(frame)[hsize:])
+        if entry.capture is not None:
+            entry.capture.on_response(key, body)
         if entry.fetch is not None:
-            throttle_ms = self.server.enforcer.on_fetch_response(
+            enforcer = self.server.enforcer
+            charge = enforcer.on_fetch_response(
                 self.user, entry.client_id, len(frame), body, entry.busy if entry.charge_time else None
             )
+            if entry.capture is not None:
+                entry.capture.on_fetch(charge.throttle_ms)
+            throttle_ms = 0 if enforcer.dry_run else charge.throttle_ms
             if throttle_ms:
                 entry.throttle_ms = throttle_ms
                 broker_ms = int(body.get("throttle_time_ms", 0))

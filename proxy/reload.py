@@ -7,13 +7,22 @@ import asyncio
 import logging
 from pathlib import Path
 
-from proxy.config import ConfigError, ProxyConfig, load_config
+from proxy.config import ConfigError, ProxyConfig, load_config, quotas_path
 from proxy.server import ProxyServer
 
 log = logging.getLogger(__name__)
 
 # Settings that need a restart: a change to them is reported, not applied.
-_RESTART_ONLY = ("mode", "bind_host", "advertised_host", "gateway", "sidecar", "admin", "max_frame_bytes")
+_RESTART_ONLY = (
+    "mode",
+    "bind_host",
+    "advertised_host",
+    "gateway",
+    "sidecar",
+    "admin",
+    "max_frame_bytes",
+    "capture",
+)
 
 
 def _signature(path: Path) -> tuple[int, int, int] | None:
@@ -35,12 +44,23 @@ def apply(server: ProxyServer, new: ProxyConfig) -> list[str]:
     return pending
 
 
+def _signatures(server: ProxyServer, path: Path) -> tuple[tuple[int, int, int] | None, ...] | None:
+    """The config file's signature and its quotas file's (if it names one); None if unreadable."""
+    main = _signature(path)
+    qpath = quotas_path(server.cfg, path)
+    quotas = _signature(qpath) if qpath is not None else None
+    if main is None or (qpath is not None and quotas is None):
+        return None
+    return (main, quotas)
+
+
 async def watch(server: ProxyServer, path: Path, interval: float = 1.0) -> None:
-    """Poll the file (works with ConfigMap symlink swaps too) and reload on change."""
-    seen = _signature(path)
+    """Poll the config file and its quotas file (works with ConfigMap symlink swaps too) and
+    reload on change."""
+    seen = _signatures(server, path)
     while True:
         await asyncio.sleep(interval)
-        current = _signature(path)
+        current = _signatures(server, path)
         if current == seen or current is None:
             continue
         seen = current

@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass, field
 
 from proxy.brokers import BrokerDirectory
+from proxy.capture import CaptureWriter
 from proxy.config import ProxyConfig
 from proxy.metrics import ProxyMetrics
 from proxy.pipeline import Pipeline, _ClientProtocol
@@ -43,6 +44,7 @@ class ProxyServer:
             self.upstream_credentials,
         )
         self.metrics.registry.register(QuotaCollector(self.enforcer, cfg.quotas.metrics_max_series))
+        self.capture = CaptureWriter(cfg.capture, self.metrics) if cfg.capture.enabled else None
         self.listeners: dict[str, Listener] = {}
         self.pipelines: set[Pipeline] = set()
         self.draining = False
@@ -164,6 +166,8 @@ class ProxyServer:
             if listener.server is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(listener.server.wait_closed(), 1.0)
+        if self.capture is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.capture.close)
 
     # --- bookkeeping ---------------------------------------------------------------------------
 

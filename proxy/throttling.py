@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from protocol import messages
 from protocol.api_keys import ApiKey, api_name
@@ -45,6 +45,17 @@ class FetchRequestInfo:
 
 def _usage(parts: list[messages.PartitionBytes]) -> list[PartitionUsage]:
     return [PartitionUsage(p.topic, p.partition, p.size) for p in parts if isinstance(p.topic, str)]
+
+
+class ProduceCharge(NamedTuple):
+    throttle_ms: int  # decided (the caller applies it unless in dry-run)
+    partitions: list[messages.PartitionBytes]
+    new_producer_ids: int  # -1: producer ids not tracked for this user
+
+
+class FetchCharge(NamedTuple):
+    throttle_ms: int  # decided (the caller applies it unless in dry-run)
+    partitions: list[messages.PartitionBytes]
 
 
 class QuotaEnforcer:
@@ -82,29 +93,26 @@ class QuotaEnforcer:
 
     # --- produce ---------------------------------------------------------------------------
 
-    def on_produce(self, user: str, client_id: str, request_size: int, body: dict[str, Any]) -> int:
+    def on_produce(self, user: str, client_id: str, request_size: int, body: dict[str, Any]) -> ProduceCharge:
         """Charge a Produce request (header + body bytes; per-partition record bytes; producer ids
-        new to the user, KIP-936) and return the throttle: the largest of the quotas it is over."""
+        new to the user, KIP-936). The throttle decided is the largest of the quotas it is over."""
         partitions = messages.produce_request_partitions(body)
         now = self.now_ms()
         decision = self.produce.record(user, client_id, request_size, _usage(partitions), now)
         self._count(ApiKey.PRODUCE, decision, user, client_id)
         throttle = decision.throttle_ms
+        new_ids = -1
         if self.producer_ids.active:
             ids = [pid for p in partitions for pid in p.producer_ids]
             if ids and self.producer_ids.match(user) is not None:
                 pid = self.producer_ids.record(user, ids, now)
+                new_ids = pid.new_ids
                 if pid.throttled:
-                    self._throttled(
-                        "Produce",
-                        pid.throttle_ms,
-                        "producer-ids",
-                        user,
-                        client_id,
-                        f"{pid.rate:.4g} new producer ids/s over {pid.match.quota if pid.match else 0:g}",
-                    )
+                    quota = pid.match.quota if pid.match else 0
+                    why = f"{pid.rate:.4g} new producer ids/s over {quota:g}"
+                    self._throttled("Produce", pid.throttle_ms, "producer-ids", user, client_id, why)
                     throttle = max(throttle, pid.throttle_ms)
-        return throttle
+        return ProduceCharge(throttle, partitions, new_ids)
 
     # --- fetch -------------------------------------------------------------------------------
 
@@ -113,9 +121,9 @@ class QuotaEnforcer:
 
     def on_fetch_response(
         self, user: str, client_id: str, response_size: int, body: dict[str, Any], busy: float | None
-    ) -> int:
-        """Charge a fetch response (its bytes; its upstream time when ``busy`` is given) and
-        return the throttle to answer it with, 0 to let it through.
+    ) -> FetchCharge:
+        """Charge a fetch response (its bytes; its upstream time when ``busy`` is given); the
+        throttle decided is what to answer it with (0: let it through).
 
         As Kafka does, a fetch over either quota is answered empty, so its bytes are taken back.
         The time of a fetch that came back without records is not charged: the broker was
@@ -132,11 +140,9 @@ class QuotaEnforcer:
             throttle = decision.throttle_ms
         if busy is not None and any(p.size for p in parts):
             throttle = max(throttle, self.on_request_time(user, client_id, ApiKey.FETCH, busy))
-        if not throttle or self.dry_run:
-            return 0
-        if decision is not None:
+        if throttle and decision is not None and not self.dry_run:
             self.fetch.unrecord(decision, response_size, usage, now)
-        return throttle
+        return FetchCharge(throttle, parts)
 
     def on_init_producer_id(self, user: str, client_id: str) -> int:
         """A user over producer_ids_rate has its InitProducerId answered with the throttle its next
@@ -216,8 +222,9 @@ class QuotaEnforcer:
     def mutation_quota_applies(self, user: str, client_id: str) -> bool:
         return self.mutations.active and self.mutations.match(user, client_id) is not None
 
-    def on_mutation(self, user: str, client_id: str, state: MutationState, peer: str) -> None:
-        """Decide which topics of a priced mutation request are admitted, and its throttle."""
+    def on_mutation(self, user: str, client_id: str, state: MutationState, peer: str) -> int:
+        """Decide which topics of a priced mutation request are admitted, and its throttle;
+        returns the throttle decided (applied unless in dry-run)."""
         strict = state.strict
         admitted = self.mutations.admit(user, client_id, state.costs, strict, self.now_ms())
         state.bucket = admitted.bucket
@@ -250,6 +257,7 @@ class QuotaEnforcer:
         else:
             state.accepted = admitted.accepted
             state.throttle_ms = admitted.throttle_ms
+        return admitted.throttle_ms
 
     def refund_mutations(self, state: MutationState, indexes: list[int]) -> None:
         """Give back tokens for admitted topics the broker refused (Kafka never charged them)."""
