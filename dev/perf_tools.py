@@ -1,0 +1,79 @@
+"""Kafka's own perf tools (ProducerPerformance, ConsumerPerformance) as functions for the benchmarks."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+from dev.harness import java_command
+
+PRODUCER = "org.apache.kafka.tools.ProducerPerformance"
+CONSUMER = "org.apache.kafka.tools.ConsumerPerformance"
+
+_SUMMARY = re.compile(
+    r"(\d+) records sent, ([\d.]+) records/sec .*?, ([\d.]+) ms avg latency, ([\d.]+) ms max latency, "
+    r"(\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th"
+)
+
+
+def run(main: str, *args: str, timeout: float = 600) -> str:
+    proc = subprocess.run(
+        java_command(main, *args, heap="1g"), capture_output=True, text=True, timeout=timeout
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{main} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
+    return proc.stdout
+
+
+def produce(
+    bootstrap: str, topic: str, records: int, throughput: int, acks: str = "1", batch_size: int = 65536
+) -> dict[str, float]:
+    out = run(
+        PRODUCER,
+        "--topic",
+        topic,
+        "--num-records",
+        str(records),
+        "--record-size",
+        "1024",
+        "--throughput",
+        str(throughput),
+        "--producer-props",
+        f"bootstrap.servers={bootstrap}",
+        f"acks={acks}",
+        "linger.ms=5",
+        f"batch.size={batch_size}",
+    )
+    match = _SUMMARY.findall(out)
+    if not match:
+        raise RuntimeError(f"no summary in ProducerPerformance output:\n{out[-2000:]}")
+    sent, rate, avg, _mx, p50, _p95, p99 = match[-1]
+    return {
+        "records": int(sent),
+        "rate": float(rate),
+        "avg_ms": float(avg),
+        "p50_ms": float(p50),
+        "p99_ms": float(p99),
+    }
+
+
+def consume(bootstrap: str, topic: str, records: int) -> dict[str, float]:
+    out = run(
+        CONSUMER,
+        "--bootstrap-server",
+        bootstrap,
+        "--topic",
+        topic,
+        "--messages",
+        str(records),
+        "--timeout",
+        "120000",
+    )
+    rows = [line for line in out.splitlines() if line[:1].isdigit()]
+    if not rows:
+        raise RuntimeError(f"no summary in ConsumerPerformance output:\n{out[-2000:]}")
+    cols = [c.strip() for c in rows[-1].split(",")]
+    # start, end, MB, MB/s, nMsg, nMsg/s, rebalance ms, fetch ms, fetch MB/s, fetch nMsg/s
+    return {"records": int(cols[4]), "rate": float(cols[9]), "mb_per_s": float(cols[8])}
