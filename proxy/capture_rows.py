@@ -17,14 +17,15 @@ from protocol.frames import RequestHeader
 NOT_READ = -1
 
 
-def _partition_rows(parts: Sequence[messages.PartitionBytes]) -> list[dict[str, Any]]:
+def _partition_rows(parts: Sequence[messages.PartitionBytes]) -> list[tuple[str, int, int, int]]:
+    """(topic, partition, bytes, records) per partition: tuples, which Arrow takes as structs."""
     return [
-        {
-            "topic": p.topic if isinstance(p.topic, str) else p.topic.hex(),
-            "partition": p.partition,
-            "bytes": p.size,
-            "records": p.record_count if p.record_count else -1,
-        }
+        (
+            p.topic if isinstance(p.topic, str) else p.topic.hex(),
+            p.partition,
+            p.size,
+            p.record_count if p.record_count else -1,
+        )
         for p in parts
     ]
 
@@ -63,7 +64,7 @@ class CaptureDraft:
         self.ts_ms = ts_ms
         self.request_bytes = request_bytes
         self.response_bytes = 0
-        self.partitions: list[dict[str, Any]] = []
+        self.partitions: list[tuple[str, int, int, int]] = []
         self.producer_ids: list[int] = []
         self.new_producer_ids = NOT_READ
         self.mutations = NOT_READ

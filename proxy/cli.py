@@ -65,7 +65,19 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--ready-file", type=Path, help="write bound ports as JSON here once listening")
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("config", type=Path)
-    args = parser.parse_args(argv)
+    sub.add_parser(
+        "tune",
+        help="propose quotas from capture files (the analytics job on a local Spark; see --help)",
+        add_help=False,
+    )
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "tune":
+        # The same job as `spark-submit analytics/tune.py`, on a local Spark unless --master says.
+        from analytics.tune import main as tune
+
+        return int(tune(rest))
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     try:
         cfg = load_config(args.config)

@@ -58,8 +58,10 @@ _THROTTLE_PENDING = "throttle-pending"  # a throttled request's response has not
 _ADMISSION = "admission"  # a mutation request is being priced: later requests wait behind it
 _HOLD_REASONS = frozenset({_THROTTLE, _THROTTLE_PENDING, _ADMISSION})
 
-# Responses decoded for the capture record when capture is on (partitions, errors, throttle).
-_CAPTURE_DECODES = frozenset({ApiKey.PRODUCE, ApiKey.FETCH})
+# Responses decoded for the capture record when capture is on: a fetch's partitions are what a
+# fetch quota charges. Other responses (Produce among them: decoding each one would cost more than
+# the rest of the capture) give their errors and broker throttle only when decoded anyway.
+_CAPTURE_DECODES = frozenset({ApiKey.FETCH})
 
 # Requests the broker parks by design (a group waiting for its members): their time is waiting,
 # not work, so request_percentage does not count it.

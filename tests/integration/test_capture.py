@@ -68,7 +68,7 @@ def test_capture_records_what_quotas_need_and_no_payload(kafka_broker: KafkaClus
     assert {p["partition"] for r in produce for p in r["partitions"]} == {0, 1, 2}
     assert all(len(r["producer_ids"]) == 1 for r in produce)  # one idempotent producer id
     assert all(r["request_bytes"] > sum(p["bytes"] for p in r["partitions"]) for r in produce)
-    assert all(r["upstream_ms"] >= 0 and r["broker_throttle_ms"] == 0 for r in produce)
+    assert all(r["upstream_ms"] >= 0 for r in produce)
 
     fetched = [p for r in rows if r["api_key"] == ApiKey.FETCH for p in r["partitions"] if p["bytes"]]
     assert sum(p["bytes"] for p in fetched) > 200 * len(SECRET)
