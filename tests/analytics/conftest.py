@@ -1,0 +1,36 @@
+"""A local[2] SparkSession shared by the analytics tests, and one generated capture set."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analytics.generate import GeneratedTruth, generate
+
+# Records and span of the shared capture set: enough seconds per entity for stable p99s, small
+# enough that the whole job runs in well under a minute on two cores.
+RECORDS = 150_000
+SPAN_S = 600
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local[2] session for all analytics tests (the job reuses the active session)."""
+    pytest.importorskip("pyspark", reason="the analytics extra (pyspark) is not installed")
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from analytics.session import build_session
+
+    session = build_session("local[2]")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def captures(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, GeneratedTruth]:
+    """Capture files with planted outliers (analytics/generate.py), written once per session."""
+    directory = tmp_path_factory.mktemp("captures")
+    return directory, generate(directory, RECORDS, seed=7, span_s=SPAN_S)
