@@ -17,7 +17,6 @@ own reasons (it already exists, bad config, ...) is refunded when its result com
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,6 +143,3 @@ def merged(state: MutationState, body: dict[str, Any]) -> dict[str, Any]:
 def encode_request(state: MutationState, body: dict[str, Any]) -> bytearray:
     return messages.encode(state.api_key, state.version, body, response=False)
 
-
-def refunds(state: MutationState, indexes: Sequence[int]) -> int:
-    return sum(state.costs[i] for i in indexes)

@@ -83,7 +83,9 @@ class CaptureDraft:
         self.new_producer_ids = new_ids
         self.decided_throttle_ms = max(self.decided_throttle_ms, decided_ms)
 
-    def on_fetch(self, decided_ms: int) -> None:
+    def on_fetch(self, parts: Sequence[messages.PartitionBytes], decided_ms: int) -> None:
+        """What a fetch response returned, per partition, and the throttle decided on it."""
+        self.partitions = _partition_rows(parts)
         self.decided_throttle_ms = max(self.decided_throttle_ms, decided_ms)
 
     def on_mutation(self, costs: Sequence[int], accepted: Sequence[bool], decided_ms: int) -> None:
@@ -91,16 +93,14 @@ class CaptureDraft:
         self.mutations_rejected = sum(c for c, ok in zip(costs, accepted, strict=True) if not ok)
         self.decided_throttle_ms = max(self.decided_throttle_ms, decided_ms)
 
-    def on_response(self, api_key: int, body: dict[str, Any]) -> None:
-        """What the broker answered: error codes, its throttle, and a fetch's partitions."""
+    def on_response(self, body: dict[str, Any]) -> None:
+        """What the broker answered: error codes and its throttle."""
         found: set[int] = set()
         _error_codes(body, found)
         self.error_codes = sorted(found)
         throttle = body.get("throttle_time_ms")
         if isinstance(throttle, int):
             self.broker_throttle_ms = throttle
-        if api_key == 1:  # Fetch: what came back, per partition
-            self.partitions = _partition_rows(messages.fetch_response_partitions(body))
 
     def row(
         self,

@@ -244,7 +244,7 @@ def load_config(path: str | Path) -> ProxyConfig:
     qpath = quotas_path(cfg, p)
     if qpath is None:
         return cfg
-    if isinstance(yaml.safe_load(text), dict) and "quotas" in yaml.safe_load(text):
+    if "quotas" in cfg.model_fields_set:
         raise ConfigError(f"{p}: give quotas inline or in quotas_file ({cfg.quotas_file}), not both")
     quotas = _validated(_QuotasFile, _read(qpath), str(qpath)).quotas
     return cfg.model_copy(update={"quotas": quotas})

@@ -662,14 +662,16 @@ class Pipeline:
         hsize = response_header_size(key, version, frame)
         body = messages.decode_response(key, version, memoryview(frame)[hsize:])
         if entry.capture is not None:
-            entry.capture.on_response(key, body)
+            entry.capture.on_response(body)
+            if key == ApiKey.FETCH and entry.fetch is None:  # no quota reads it: capture alone
+                entry.capture.on_fetch(messages.fetch_response_partitions(body), 0)
         if entry.fetch is not None:
             enforcer = self.server.enforcer
             charge = enforcer.on_fetch_response(
                 self.user, entry.client_id, len(frame), body, entry.busy if entry.charge_time else None
             )
             if entry.capture is not None:
-                entry.capture.on_fetch(charge.throttle_ms)
+                entry.capture.on_fetch(charge.partitions, charge.throttle_ms)
             throttle_ms = 0 if enforcer.dry_run else charge.throttle_ms
             if throttle_ms:
                 entry.throttle_ms = throttle_ms
