@@ -67,6 +67,25 @@ class StatsOptions:
     controller_window_s: int = int(_KAFKA_WINDOW.num * _KAFKA_WINDOW.size_seconds)
     sustained_window_s: int = 600
     top_series: int = 8  # entities (per level and direction) and topics whose seconds are kept for plots
+    # Keep the per-second tables the replay prunes with (``Seconds``): one more column or two per
+    # pass, and the replay reads no record twice to learn what these passes already summed.
+    keep_seconds: bool = False
+
+
+@dataclass(frozen=True)
+class Seconds:
+    """Per-second sums the replay prunes with (analytics/replay.py), not written out.
+
+    ``entities``: per (sec, principal, client_id): produce_requests, produce_bytes (request
+    bytes), fetch_requests, fetch_bytes (response bytes), fetch_shift_ms (the longest upstream
+    time of its fetches, which the proxy charges at their response), init_pid_requests,
+    pid_requests (produces carrying producer ids) and pid_ids (the ids they carry).
+    ``partitions``: per (topic, partition, sec): produce_n, produce_bytes, fetch_n, fetch_bytes,
+    fetch_shift_ms. ``sec`` is ``ts_ms div 1000``, the time the request was sent.
+    """
+
+    entities: pd.DataFrame
+    partitions: pd.DataFrame
 
 
 @dataclass
@@ -77,6 +96,7 @@ class Stats:
     records: int = 0
     start_s: int = 0
     end_s: int = 0  # last second seen (inclusive)
+    seconds: Seconds | None = None  # with ``StatsOptions.keep_seconds``
 
     @property
     def span_s(self) -> int:
@@ -237,12 +257,44 @@ def _series_rows(wide: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 # --- pass 1: entities ------------------------------------------------------------------------------
 
 
-def pair_seconds(captures: DataFrame) -> DataFrame:
-    """One row per (second, user, client-id): bytes Kafka's quotas charge, throttle, mutations."""
+ENTITY_SECOND_COLUMNS = [
+    "produce_requests",
+    "produce_bytes",
+    "fetch_requests",
+    "fetch_bytes",
+    "fetch_shift_ms",
+    "init_pid_requests",
+    "pid_requests",
+    "pid_ids",
+]
+PARTITION_SECOND_COLUMNS = ["produce_n", "produce_bytes", "fetch_n", "fetch_bytes", "fetch_shift_ms"]
+
+
+def _fetch_shift(fetch: Column) -> Column:
+    """The longest upstream time of the fetches summed (a fetch is charged at its response)."""
+    from pyspark.sql import functions as F
+
+    return F.max(F.when(fetch & (F.col("upstream_ms") >= 0), F.col("upstream_ms")))
+
+
+def pair_seconds(captures: DataFrame, for_replay: bool = False) -> DataFrame:
+    """One row per (second, user, client-id): bytes Kafka's quotas charge, throttle, mutations;
+    ``for_replay``: also the columns of ``Seconds.entities``."""
     from pyspark.sql import functions as F
 
     api = F.col("api_key")
     produce, fetch = api == 0, api == 1
+    extra = []
+    if for_replay:
+        ids = F.size(F.filter("producer_ids", lambda x: x > -1))  # NO_PRODUCER_ID left out
+        extra = [
+            F.count(F.when(produce, 1)).alias("produce_requests"),
+            F.count(F.when(fetch, 1)).alias("fetch_requests"),
+            _fetch_shift(fetch).alias("fetch_shift_ms"),
+            F.count(F.when(api == 22, 1)).alias("init_pid_requests"),
+            F.count(F.when(produce & (ids > 0), 1)).alias("pid_requests"),
+            F.sum(F.when(produce, ids)).alias("pid_ids"),
+        ]
     return captures.groupBy(_sec().alias("sec"), F.col("principal").alias("user"), "client_id").agg(
         F.sum(F.when(produce, F.col("request_bytes"))).alias("produce_bytes"),
         F.sum(F.when(fetch, F.col("response_bytes"))).alias("fetch_bytes"),
@@ -251,6 +303,7 @@ def pair_seconds(captures: DataFrame) -> DataFrame:
         F.count(F.lit(1)).alias("requests"),
         F.sum(F.when(F.col("mutations") > 0, F.col("mutations"))).alias("mutations"),
         F.count(F.when(F.col("mutations") >= 0, 1)).alias("mutation_requests"),
+        *extra,
     )
 
 
@@ -291,31 +344,43 @@ def entity_table(pairs: DataFrame, opts: StatsOptions) -> DataFrame:
 # --- pass 2: topic partitions ----------------------------------------------------------------------
 
 
-def partition_seconds(captures: DataFrame) -> DataFrame:
-    """One row per (topic, partition, second): record-set bytes produced and fetched."""
+def partition_seconds(captures: DataFrame, for_replay: bool = False) -> DataFrame:
+    """One row per (topic, partition, second): record-set bytes produced and fetched;
+    ``for_replay``: also the columns of ``Seconds.partitions``."""
     from pyspark.sql import functions as F
 
     # explode of the structs measured cheaper than zipping the three fields used (arrays_zip) or
     # posexplode with element_at, in spite of reading the records counts too.
     data = captures.where(F.col("api_key").isin(0, 1)).select(
-        _sec().alias("sec"), "api_key", F.explode("partitions").alias("p")
+        _sec().alias("sec"),
+        "api_key",
+        *(["upstream_ms"] if for_replay else []),
+        F.explode("partitions").alias("p"),
     )
     part = data.select(
-        "sec", "api_key", F.col("p.topic").alias("topic"), F.col("p.partition").alias("partition"), "p.bytes"
-    )
+        "*", F.col("p.topic").alias("topic"), F.col("p.partition").alias("partition"), "p.bytes"
+    ).drop("p")
+    produce, fetch = F.col("api_key") == 0, F.col("api_key") == 1
+    extra = []
+    if for_replay:
+        extra = [
+            F.count(F.when(produce, 1)).alias("produce_n"),
+            F.count(F.when(fetch, 1)).alias("fetch_n"),
+            _fetch_shift(fetch).alias("fetch_shift_ms"),
+        ]
     return part.groupBy("topic", "partition", "sec").agg(
-        F.sum(F.when(F.col("api_key") == 0, F.col("bytes"))).alias("produce_bytes"),
-        F.sum(F.when(F.col("api_key") == 1, F.col("bytes"))).alias("fetch_bytes"),
+        F.sum(F.when(produce, F.col("bytes"))).alias("produce_bytes"),
+        F.sum(F.when(fetch, F.col("bytes"))).alias("fetch_bytes"),
+        *extra,
     )
 
 
-def topic_table(captures: DataFrame, opts: StatsOptions) -> DataFrame:
+def topic_table(parts: DataFrame, opts: StatsOptions) -> DataFrame:
     """One row per partition (``partition`` >= 0) and per topic (``partition`` -1) with stats per
     direction; the top topics keep their seconds. Both branches read the same per-second table
-    (Spark reuses its shuffle: the records are exploded once)."""
+    (``partition_seconds``: Spark reuses its shuffle, the records are exploded once)."""
     from pyspark.sql import functions as F
 
-    parts = partition_seconds(captures)
     per_partition = parts.groupBy("topic", "partition").agg(
         *_collect(PRODUCE, False), *_collect(FETCH, False)
     )
@@ -435,7 +500,8 @@ def _entities(
     from pyspark.sql import functions as F
 
     say("entity pass: bytes, throttle and mutations per second per (user, client-id)")
-    pairs = pair_seconds(captures).persist(StorageLevel.MEMORY_AND_DISK)
+    pairs = pair_seconds(captures, opts.keep_seconds).persist(StorageLevel.MEMORY_AND_DISK)
+    seconds = None
     try:
         row = pairs.agg(F.sum("requests"), F.min("sec"), F.max("sec"), F.count(F.lit(1))).first()
         assert row is not None
@@ -445,9 +511,16 @@ def _entities(
         span = end_s - start_s + 1
         wide = _pandas(entity_table(pairs, opts))
         mseries = _pandas(mutation_seconds(pairs))
+        if opts.keep_seconds:
+            used = F.col("produce_requests") + F.col("fetch_requests") + F.col("init_pid_requests") > 0
+            seconds = _pandas(
+                pairs.where(used).select(
+                    "sec", F.col("user").alias("principal"), "client_id", *ENTITY_SECOND_COLUMNS
+                )
+            )
     finally:
         pairs.unpersist()
-    tables: dict[str, pd.DataFrame] = {}
+    tables: dict[str, pd.DataFrame] = {"_seconds": seconds} if seconds is not None else {}
     entity = _melt(wide, ENTITY_KEYS, {"throttle_ms": "{direction}_throttle_ms"})
     entity["throttle_ms"] = entity["throttle_ms"].fillna(0).astype("int64")
     entity["mean_bps"] = (entity["total_bytes"] / span).round(1)
@@ -467,8 +540,20 @@ def _entities(
 
 def _topics(captures: DataFrame, opts: StatsOptions, say: Progress, t0: float) -> dict[str, pd.DataFrame]:
     """Pass 2: topic and partition rates, top topics' series."""
+    from pyspark import StorageLevel
+
     say("partition pass: bytes per second per topic-partition and topic")
-    wide = _pandas(topic_table(captures, opts))
+    part_secs = partition_seconds(captures, opts.keep_seconds)
+    seconds = None
+    if opts.keep_seconds:
+        part_secs = part_secs.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        wide = _pandas(topic_table(part_secs, opts))
+        if opts.keep_seconds:
+            seconds = _pandas(part_secs.select("topic", "partition", "sec", *PARTITION_SECOND_COLUMNS))
+    finally:
+        if opts.keep_seconds:
+            part_secs.unpersist()
     melted = _melt(wide, ["topic", "partition"])
     parts = melted[melted["partition"] >= 0][["direction", "topic", "partition", *DIST_COLUMNS]]
     parts = parts.sort_values(["direction", "topic", "partition"], ignore_index=True)
@@ -487,6 +572,7 @@ def _topics(captures: DataFrame, opts: StatsOptions, say: Progress, t0: float) -
         "topic_rates": topics,
         "partition_rates": parts,
         "topic_series": series[["direction", "topic", "sec", "bytes"]],
+        **({"_seconds": seconds} if seconds is not None else {}),
     }
 
 
@@ -516,8 +602,12 @@ def compute(
         topics = pool.submit(_topics, captures, opts, say, t0)
         pids = pool.submit(_producer_ids, captures, say, t0)
         tables, (records, start_s, end_s) = entities.result()
-        tables.update(topics.result())
+        topic_tables = topics.result()
         hourly = pids.result()
+    seconds = None
+    if opts.keep_seconds:
+        seconds = Seconds(tables.pop("_seconds"), topic_tables.pop("_seconds"))
+    tables.update(topic_tables)
     users, hours = _producer_id_tables(hourly, start_s, end_s)
     tables["producer_ids"] = users
     tables["producer_ids_hourly"] = hours
@@ -533,4 +623,4 @@ def compute(
         "producer_ids",
         "producer_ids_hourly",
     ]
-    return Stats({name: tables[name] for name in order}, records, start_s, end_s)
+    return Stats({name: tables[name] for name in order}, records, start_s, end_s, seconds)

@@ -172,7 +172,7 @@ def run(args: argparse.Namespace, progress: Progress) -> Path:
     """The job; returns the output directory. Raises InputError for input it refuses."""
     output = Path(args.output).resolve()
     _check_output(output)
-    stats_opts = StatsOptions(burst_factor=args.burst_factor)
+    stats_opts = StatsOptions(burst_factor=args.burst_factor, keep_seconds=not args.skip_replay)
     try:
         propose_opts = ProposeOptions(
             args.coverage,
@@ -215,7 +215,7 @@ def run(args: argparse.Namespace, progress: Progress) -> Path:
             progress.warn(f"replay skipped: analytics.replay is not available ({exc})")
         else:
             with progress.stage("replay"):
-                tables["replay"] = replay(spark, captures, proposal.config)
+                tables["replay"] = replay(spark, captures, proposal.config, seconds=stats.seconds)
     meta: dict[str, Any] = {
         "input": args.input,
         "files": source.files,
@@ -233,6 +233,7 @@ def run(args: argparse.Namespace, progress: Progress) -> Path:
             "sustained_window_s": stats_opts.sustained_window_s,
         },
         "stages": progress.stages,
+        "replay": tables["replay"].attrs.get("replay", {}) if "replay" in tables else None,
         "spark_version": spark.version,
         "master": spark.sparkContext.master,
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -21,6 +21,7 @@ from analytics.replay import (
     rate_bound,
     replay_requests,
     replay_rows,
+    shifted_rate_bound,
     sliding_peaks,
 )
 from quota.capture_schema import FIELD_NAMES
@@ -259,6 +260,38 @@ def test_pruning_bound_never_below_what_the_replay_measures(seed: int) -> None:
                 assert bound > quota
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_shifted_bound_never_below_what_fetches_charged_at_their_response_measure(seed: int) -> None:
+    """Fetches slotted by the second they were sent but charged at their response (up to the
+    shift later): the shifted bound at 1 s slots is never below what ByteRateQuotas measures."""
+    rng = random.Random(seed)
+    window = QuotaWindow(rng.choice([2, 11]), rng.choice([500.0, 1000.0]))
+    cfg = QuotaConfig.model_validate(
+        {
+            "window": {"num": window.num, "size_seconds": window.size_ms / 1000},
+            "clients": {"c": {"consumer_byte_rate": 1e12}},
+        }
+    )
+    q = ByteRateQuotas(cfg, produce=False, now_ms=T0)
+    sent, t, most = [], float(T0), rng.choice([50.0, 500.0, 2500.0])
+    for _ in range(rng.randrange(20, 300)):
+        t += rng.expovariate(1 / rng.choice([5, 50, 400]))
+        sent.append((t, t + rng.random() * most, int(rng.expovariate(1 / 400))))
+    measured = max(
+        q.record("u", "c", size, [], charged).client_rate
+        for _, charged, size in sorted(sent, key=lambda x: x[1])
+    )
+    slots = [int(ts // 1000) for ts, _, _ in sent]
+    shifts = [charged - ts for ts, charged, _ in sent]
+    (bound,) = shifted_rate_bound(
+        [0] * len(sent), slots, [s for _, _, s in sent], shifts, window, 1000.0
+    ).values()
+    assert bound >= measured - 1e-6
+    # Unshifted, the same bound can be too low: the shift is what makes it sound.
+    (plain,) = rate_bound([0] * len(sent), slots, [s for _, _, s in sent], window, 1000.0).values()
+    assert plain <= bound
+
+
 @pytest.mark.parametrize("seed", range(15))
 def test_producer_id_bound_never_below_what_the_quota_measures(seed: int) -> None:
     """Distinct ids per half filter window bound the new ids: an id is new at most once in it,
@@ -427,6 +460,33 @@ def test_spark_replay_equals_replay_rows(replay_spark: Any, tmp_path: Path, dry_
         PRODUCER_IDS_RATE,
         CONTROLLER_MUTATION_RATE,
     }
+    info = frame.attrs["replay"]
+    assert info["pruned_buckets"] > 0 and info["hot_buckets"] > 0
+
+
+@pytest.mark.parametrize(("dry_run", "refine_below"), [(False, 1.5), (True, 1.5), (False, 1.0), (False, 1e9)])
+def test_spark_replay_pruned_from_the_statistics_seconds_equals_replay_rows(
+    replay_spark: Any, tmp_path: Path, dry_run: bool, refine_below: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the statistics' per-second tables (what ``kthrottle tune`` passes), the coarse bound
+    comes from them and the records are read again only for what it cannot prune: the results
+    are still exactly those of ``replay_rows``, whether buckets over the coarse bound are all
+    looked at finely (1e9), none (1.0) or only those near their quota (the default)."""
+    from analytics import replay as replay_module
+    from analytics.replay import replay
+
+    monkeypatch.setattr(replay_module, "REFINE_BELOW", refine_below)
+    from analytics.stats import StatsOptions, compute
+
+    rows = synthetic()
+    cfg = QuotaConfig.model_validate({**SYNTHETIC_CFG, "dry_run": dry_run})
+    frame_in = to_frame(replay_spark, rows, tmp_path)
+    stats = compute(replay_spark, frame_in, StatsOptions(keep_seconds=True))
+    assert stats.seconds is not None
+    assert int(stats.seconds.entities["produce_requests"].sum()) == sum(1 for r in rows if r["api_key"] == 0)
+    frame = replay(replay_spark, frame_in, cfg, strict_from=STRICT, seconds=stats.seconds)
+    got = frame.astype(object).where(frame.notna(), None).to_dict("records")
+    assert got == replay_rows(rows, cfg, strict_from=STRICT)
     info = frame.attrs["replay"]
     assert info["pruned_buckets"] > 0 and info["hot_buckets"] > 0
 
