@@ -268,7 +268,7 @@ class VolumeVerdict:
         if w is not None:
             parts.append(
                 f"worst broker {w.broker_id} volume {w.name}: {w.consumed}/{w.capacity} bytes used, "
-                f"{w.fraction:.1%} from soft ({w.soft.type.value} {w.soft.level}) "
+                f"{w.fraction:.1%} of the way from soft ({w.soft.type.value} {w.soft.level}) "
                 f"to hard ({w.hard.type.value} {w.hard.level})"
             )
         if not self.live_known:
@@ -347,11 +347,26 @@ class VolumeQuotas:
             self._verdict = None
 
     def set_live_brokers(self, broker_ids: Iterable[int], now_ms: float) -> None:
-        """The brokers the cluster says are live now; each must have a fresh snapshot."""
+        """The brokers the cluster says are live now; each must have a fresh snapshot.
+
+        What is held for a broker not live whose snapshot can no longer count (stale, invalid or
+        none) is dropped, so records of brokers long gone do not pile up: should it come back it
+        is MISSING rather than STALE, undetermined either way.
+        """
         live = frozenset(broker_ids)
         self.live_at_ms = now_ms
         if live != self.live:
             self.live = live
+            self._verdict = None
+        unusable = (BrokerStatus.STALE, BrokerStatus.INVALID, BrokerStatus.MISSING)
+        gone = [
+            b
+            for b, broker in self._brokers.items()
+            if b not in live and self._status(broker, now_ms) in unusable
+        ]
+        for broker_id in gone:
+            del self._brokers[broker_id]
+        if gone:
             self._verdict = None
 
     # --- asking ----------------------------------------------------------------------------

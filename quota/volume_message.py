@@ -194,7 +194,9 @@ class VolumeSnapshot:
         for field, limit in ((SOFT_LIMIT, self.soft_limit), (HARD_LIMIT, self.hard_limit)):
             if not isinstance(limit, LimitDefinition):
                 _fail(field, f"must be a limit definition, got {_show(limit)}")
-        if not isinstance(self.volumes, tuple) or not self.volumes:
+        if not isinstance(self.volumes, tuple):
+            _fail(VOLUMES, f"must be a tuple of volume details, got {_show(self.volumes)}")
+        if not self.volumes:
             _fail(VOLUMES, "must list at least one volume")
         seen: set[str] = set()
         for i, volume in enumerate(self.volumes):
