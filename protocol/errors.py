@@ -16,6 +16,7 @@ class ErrorCode(enum.IntEnum):
     NETWORK_EXCEPTION = 13
     COORDINATOR_NOT_AVAILABLE = 15
     NOT_COORDINATOR = 16
+    NOT_ENOUGH_REPLICAS = 19  # retriable for producers: the proxy's answer to a paused produce
     TOPIC_AUTHORIZATION_FAILED = 29
     CLUSTER_AUTHORIZATION_FAILED = 31
     UNSUPPORTED_SASL_MECHANISM = 33

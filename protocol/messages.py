@@ -221,6 +221,30 @@ def produce_request_partitions(req: dict[str, Any]) -> list[PartitionBytes]:
     return out
 
 
+def produce_error_response(
+    req: dict[str, Any], error_code: int, message: str | None, throttle_ms: int
+) -> dict[str, Any]:
+    """A Produce response answering every partition of ``req`` with ``error_code`` (nothing
+    written: base offset -1), as the proxy answers a request it did not forward."""
+    responses = []
+    for topic in req.get("topic_data") or []:
+        entry: dict[str, Any] = {k: topic[k] for k in ("name", "topic_id") if k in topic}
+        entry["partition_responses"] = [
+            {
+                "index": part["index"],
+                "error_code": error_code,
+                "base_offset": -1,
+                "log_append_time_ms": -1,
+                "log_start_offset": -1,
+                "record_errors": [],
+                "error_message": message,
+            }
+            for part in topic.get("partition_data") or []
+        ]
+        responses.append(entry)
+    return {"responses": responses, "throttle_time_ms": throttle_ms}
+
+
 def fetch_response_partitions(resp: dict[str, Any]) -> list[PartitionBytes]:
     """Per-partition record-set sizes in a Fetch response."""
     out = []

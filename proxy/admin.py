@@ -81,6 +81,13 @@ def build_app(server: ProxyServer) -> web.Application:
     app.router.add_get("/quotas", quotas)
     app.router.add_get("/quotas/entity", entity)
     app.router.add_get("/quotas/ip", ip)
+
+    async def volume(_request: web.Request) -> web.Response:
+        if server.volume is None:
+            return web.json_response({"enabled": False})
+        return web.json_response({"enabled": True, **server.volume.quotas.describe(server.volume.now_ms())})
+
+    app.router.add_get("/volume", volume)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

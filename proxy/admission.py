@@ -142,4 +142,3 @@ def merged(state: MutationState, body: dict[str, Any]) -> dict[str, Any]:
 
 def encode_request(state: MutationState, body: dict[str, Any]) -> bytearray:
     return messages.encode(state.api_key, state.version, body, response=False)
-

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from protocol.frames import DEFAULT_MAX_FRAME_BYTES
 from quota.config import QuotaConfig
+from quota.volume_config import VolumeConfig
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -120,6 +121,31 @@ class CaptureConfig(Strict):
     flush_seconds: float = Field(1.0, gt=0, le=60)
 
 
+class ExchangeConfig(Strict):
+    """The proxy's own Kafka client for state shared between proxy instances (compacted topics):
+    it connects to the brokers directly, never through a proxy, so it is never throttled."""
+
+    bootstrap_servers: list[str] | None = None  # default: the upstream addresses
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] | None = None
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None  # client certificate (mTLS)
+    ssl_keyfile: Path | None = None
+    request_timeout_seconds: float = Field(10.0, gt=0, le=300)
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _check_bootstrap(cls, value: list[str] | None) -> list[str] | None:
+        for item in value or []:
+            _host_port(item)
+        return value
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ExchangeConfig:
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("give ssl_certfile and ssl_keyfile together")
+        return self
+
+
 class ProxyConfig(Strict):
     mode: Literal["gateway", "sidecar"] = "gateway"
     bind_host: str = "127.0.0.1"
@@ -137,6 +163,8 @@ class ProxyConfig(Strict):
     # reloaded like the main file; relative to the main config file's directory.
     quotas_file: Path | None = None
     capture: CaptureConfig = Field(default_factory=CaptureConfig)
+    exchange: ExchangeConfig = Field(default_factory=ExchangeConfig)
+    volume: VolumeConfig = Field(default_factory=VolumeConfig)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("bind_host")
@@ -156,6 +184,13 @@ class ProxyConfig(Strict):
         if self.mode == "sidecar" and self.sidecar is None:
             raise ValueError("mode sidecar needs a 'sidecar' section")
         return self
+
+
+def exchange_addresses(cfg: ProxyConfig) -> list[str]:
+    """Bootstrap servers of the proxy's own state-exchange client."""
+    if cfg.exchange.bootstrap_servers:
+        return list(cfg.exchange.bootstrap_servers)
+    return [f"{host}:{port}" for host, port in upstream_addresses(cfg)]
 
 
 def upstream_addresses(cfg: ProxyConfig) -> list[tuple[str, int]]:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from protocol import messages
 from protocol.api_keys import ApiKey, api_name
+from protocol.errors import ErrorCode
 from protocol.frames import (
     SIZE,
     FrameDecoder,
@@ -34,18 +35,22 @@ from protocol.versions import DECODED_APIS, NODE_ENDPOINTS_FROM, codec_versions
 from proxy import admission
 from proxy.admission import MutationState
 from proxy.capture_rows import CaptureDraft
+from proxy.ratelog import RateLimitedLog
 from proxy.throttling import (
     FetchRequestInfo,
+    ProduceCharge,
     cap_fetch_max_bytes,
     fetch_request_info,
     throttled_fetch_response,
 )
 from quota.keys import ANONYMOUS
+from quota.volume import VolumeState
 
 if TYPE_CHECKING:
     from proxy.server import Listener, ProxyServer
 
 log = logging.getLogger(__name__)
+pause_log = RateLimitedLog(log)
 _ids = itertools.count(1)
 
 # Per-direction write buffer: large enough that a multi-hundred-KiB Produce or Fetch frame does not
@@ -56,7 +61,9 @@ WRITE_BUFFER_LOW = 1024 * 1024
 _THROTTLE = "throttle"  # muted for a throttle time
 _THROTTLE_PENDING = "throttle-pending"  # a throttled request's response has not gone out yet
 _ADMISSION = "admission"  # a mutation request is being priced: later requests wait behind it
-_HOLD_REASONS = frozenset({_THROTTLE, _THROTTLE_PENDING, _ADMISSION})
+_VOLUME_PAUSE = "volume-pause"  # a produce is parked while the cluster's volumes are paused
+_HOLD_REASONS = frozenset({_THROTTLE, _THROTTLE_PENDING, _ADMISSION, _VOLUME_PAUSE})
+PAUSED_MESSAGE = "kthrottle: cluster volume usage is at its hard limit (PAUSE); retry later"
 
 # Responses decoded for the capture record when capture is on: a fetch's partitions are what a
 # fetch quota charges. Other responses (Produce among them: decoding each one would cost more than
@@ -341,10 +348,18 @@ class Pipeline:
             expects_response = acks != 0
             # Kafka charges header + body and appends first: the throttle comes after.
             charge = enforcer.on_produce(self.user, client_id, len(frame), body)
-            throttle_ms = 0 if enforcer.dry_run else charge.throttle_ms
+            decided = charge.throttle_ms
+            volume = self.server.volume
+            if volume is not None:
+                verdict = volume.verdict()
+                if verdict.state is VolumeState.PAUSE and not enforcer.dry_run:
+                    self._park(frame, header, body, expects_response, charge)
+                    return
+                decided = max(decided, verdict.delay_ms)
+            throttle_ms = 0 if enforcer.dry_run else decided
             if self.server.capture is not None:
                 draft = CaptureDraft.of(header, len(frame))
-                draft.on_produce(charge.partitions, charge.new_producer_ids, charge.throttle_ms)
+                draft.on_produce(charge.partitions, charge.new_producer_ids, decided)
             if throttle_ms:
                 if expects_response:
                     # Read nothing more until the response goes out and its mute ends, as the
@@ -465,6 +480,104 @@ class Pipeline:
             return
         self._client_pauses.discard(_ADMISSION)
         self._release_held()
+
+    def _park(
+        self,
+        frame: bytearray,
+        header: RequestHeader,
+        body: dict[str, Any],
+        expects_response: bool,
+        charge: ProduceCharge,
+    ) -> None:
+        """PAUSE: hold a produce request, unforwarded, until the volumes allow it; later requests
+        on the connection wait behind it (responses stay in order). Past the memory bound or
+        ``max_park_ms`` it is answered with a retriable error, never written."""
+        volume = self.server.volume
+        assert volume is not None
+        req_counter, bytes_counter, _resp, _lat = self.metrics.api(header.api_key)
+        req_counter.inc()
+        bytes_counter.inc(len(frame) + 4)
+        entry: InFlight | None = None
+        if expects_response:
+            entry = InFlight(
+                header.api_key,
+                header.api_version,
+                header.correlation_id,
+                self.loop.time(),
+                None,
+                header.client_id or "",
+            )
+            if self.server.capture is not None:
+                entry.capture = CaptureDraft.of(header, len(frame))
+                entry.capture.on_produce(charge.partitions, charge.new_producer_ids, 0)
+            self.in_flight.append(entry)
+        if not volume.park(len(frame)):
+            volume.metrics.parked.labels("retriable" if entry else "dropped").inc()
+            self._paused_answer(entry, header, body, "the proxy's memory for parked requests is full")
+            return
+        self.pause_client(_VOLUME_PAUSE)
+        task = self.loop.create_task(self._parked(entry, frame, header, body))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _parked(
+        self, entry: InFlight | None, frame: bytearray, header: RequestHeader, body: dict[str, Any]
+    ) -> None:
+        volume = self.server.volume
+        assert volume is not None
+        outcome = "closed"
+        try:
+            resumed = await volume.wait_unpaused(volume.vcfg.max_park_ms / 1000.0)
+            if self.closed:
+                return  # never forwarded: the client retries it on a new connection
+            if resumed:
+                outcome = "forwarded"
+                if entry is not None:
+                    entry.sent_at = self.loop.time()
+                if self.upstream is None:
+                    self.pending.append(frame)
+                else:
+                    self._forward(frame)
+            else:
+                outcome = "retriable" if entry is not None else "dropped"
+                self._paused_answer(entry, header, body, f"parked {volume.vcfg.max_park_ms} ms")
+        except Exception:  # a bug here must not leave the connection held forever
+            log.exception("conn %d: parked produce failed", self.id)
+            self.close("parked produce failed")
+            return
+        finally:
+            volume.unpark(len(frame), outcome)
+        self._client_pauses.discard(_VOLUME_PAUSE)
+        self._release_held()
+
+    def _paused_answer(
+        self, entry: InFlight | None, header: RequestHeader, body: dict[str, Any], why: str
+    ) -> None:
+        """Answer a produce the proxy did not forward: retriable NOT_ENOUGH_REPLICAS for every
+        partition and a throttle time, so the client backs off and retries; acks=0 gets nothing."""
+        volume = self.server.volume
+        assert volume is not None
+        throttle_ms = volume.vcfg.max_throttle_delay_ms
+        pause_log.log(
+            logging.WARNING,
+            "volume-paused",
+            "conn %d (%s, %s): produce not forwarded, volumes paused (%s)",
+            self.id,
+            self.user,
+            header.client_id,
+            why,
+        )
+        if entry is None:
+            return
+        payload = encode_response_header(header.api_key, header.api_version, header.correlation_id)
+        payload += messages.encode_response(
+            header.api_key,
+            header.api_version,
+            messages.produce_error_response(body, ErrorCode.NOT_ENOUGH_REPLICAS, PAUSED_MESSAGE, throttle_ms),
+        )
+        entry.local_response = bytes(payload)
+        entry.throttle_ms = throttle_ms
+        self._flush_local()
 
     def _emit(
         self,

@@ -38,6 +38,8 @@ def apply(server: ProxyServer, new: ProxyConfig) -> list[str]:
     old = server.cfg
     pending = [name for name in _RESTART_ONLY if getattr(old, name) != getattr(new, name)]
     server.enforcer.reconfigure(new.quotas)
+    if server.volume is not None:
+        pending += server.volume.reconfigure(new)
     live = {k: getattr(new, k) for k in ProxyConfig.model_fields if k not in _RESTART_ONLY}
     server.cfg = old.model_copy(update=live)
     logging.getLogger().setLevel(new.log_level)

@@ -16,6 +16,7 @@ from proxy.quota_metrics import QuotaCollector
 from proxy.throttling import QuotaEnforcer
 from proxy.topic_catalog import TopicCatalog
 from proxy.upstream_client import PlainCredentials, fetch_brokers
+from proxy.volume_service import VolumeService
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,11 @@ class ProxyServer:
         )
         self.metrics.registry.register(QuotaCollector(self.enforcer, cfg.quotas.metrics_max_series))
         self.capture = CaptureWriter(cfg.capture, self.metrics) if cfg.capture.enabled else None
+        self.volume = (
+            VolumeService(cfg, self.metrics.registry, self.upstream_credentials)
+            if cfg.volume.enabled
+            else None
+        )
         self.listeners: dict[str, Listener] = {}
         self.pipelines: set[Pipeline] = set()
         self.draining = False
@@ -67,6 +73,8 @@ class ProxyServer:
             await self._open("sidecar", cfg.sidecar.listen_port, None)
             await self._refresh_brokers(required=False)
         self._refresh_task = asyncio.get_running_loop().create_task(self._refresh_loop())
+        if self.volume is not None:
+            self.volume.start()
 
     async def _open(self, name: str, port: int, node_id: int | None) -> Listener:
         listener = Listener(name, self.cfg.bind_host, port, node_id)
@@ -166,6 +174,8 @@ class ProxyServer:
             if listener.server is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(listener.server.wait_closed(), 1.0)
+        if self.volume is not None:
+            await self.volume.stop()
         if self.capture is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.capture.close)
 

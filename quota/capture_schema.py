@@ -45,9 +45,7 @@ FIELDS: Final[tuple[Field, ...]] = (
     Field("api_version", "int16", "API version"),
     Field("request_bytes", "int64", "request size, header + body (what a produce quota charges)"),
     Field("response_bytes", "int64", "the broker's response size (what a fetch quota charges); 0: none"),
-    Field(
-        "partitions", "list<partition>", "topic-partition bytes of a Produce request or Fetch response"
-    ),
+    Field("partitions", "list<partition>", "topic-partition bytes of a Produce request or Fetch response"),
     Field("producer_ids", "list<int64>", "distinct producer ids in the Produce request's batches"),
     Field("new_producer_ids", "int32", "of those, ids new to the user's window (-1: not tracked)"),
     Field("mutations", "int32", "partition mutations the request asked for (-1: not a mutation request)"),

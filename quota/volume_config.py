@@ -113,10 +113,18 @@ class VolumeOverrideConfig(_Strict):
 
 
 class VolumeSourceConfig(_Strict):
-    """Where the publisher reads usage: the brokers' DescribeLogDirs, or statvfs of local log dirs."""
+    """Where the publisher reads usage: the brokers' DescribeLogDirs, or statvfs of local log dirs.
+
+    ``publish: false`` makes this proxy a reader only (other instances publish). With
+    ``describe_log_dirs`` the proxy publishes for every live broker, or only ``brokers``; with
+    ``statvfs`` for the one broker ``broker_id`` whose log dirs are mounted here (the sidecar).
+    """
 
     type: Literal["describe_log_dirs", "statvfs"] = "describe_log_dirs"
+    publish: bool = True
     log_dirs: list[str] = Field(default_factory=list)
+    broker_id: int | None = Field(None, ge=0)
+    brokers: list[int] | None = None
 
     @field_validator("log_dirs")
     @classmethod
@@ -135,6 +143,10 @@ class VolumeSourceConfig(_Strict):
             raise ValueError("source statvfs needs log_dirs: the mounted log dirs to measure")
         if self.type == "describe_log_dirs" and self.log_dirs:
             raise ValueError("log_dirs is for source statvfs; describe_log_dirs asks the brokers")
+        if self.type == "statvfs" and self.publish and self.broker_id is None:
+            raise ValueError("source statvfs needs broker_id: the broker whose log dirs these are")
+        if self.type == "statvfs" and self.brokers is not None:
+            raise ValueError("brokers is for source describe_log_dirs; statvfs publishes for broker_id")
         return self
 
 
@@ -149,6 +161,10 @@ class VolumeConfig(_Strict):
     hard_limit: LimitConfig = Field(default_factory=_default_hard)
     volumes: dict[str, VolumeOverrideConfig] = Field(default_factory=dict)
     source: VolumeSourceConfig = Field(default_factory=VolumeSourceConfig)
+    # PAUSE parks produce requests (never forwarded while paused); memory for them is bounded,
+    # and one parked longer than max_park_ms is answered with a retriable error instead.
+    max_parked_bytes: int = Field(64 * 1024 * 1024, ge=0, le=2**40)
+    max_park_ms: int = Field(20_000, ge=0, le=600_000)
 
     @field_validator("topic")
     @classmethod

@@ -29,6 +29,7 @@ volumes:
 source:
   type: statvfs
   log_dirs: [/var/lib/kafka/data-0, /var/lib/kafka/data-1]
+  broker_id: 2
 """
 
 

@@ -1,0 +1,265 @@
+"""State shared between proxy instances through a compacted Kafka topic.
+
+Each instance publishes its own facts under its own keys and reads everybody's from the start of
+the topic, then follows it: a new instance knows the cluster's state as soon as it has read the
+topic, and a key's last value is all compaction keeps. The client is the proxy's own (aiokafka),
+connected to the brokers directly with its own credentials, never through a proxy, so its
+traffic is never throttled by the quotas it serves.
+
+``CompactedTopic`` creates the topic when missing (``cleanup.policy=compact``), reconnects with
+backoff when the cluster is unreachable, and reports its connection and publish errors as metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from proxy.config import ProxyConfig, exchange_addresses
+
+log = logging.getLogger(__name__)
+
+OnRecord = Callable[[bytes | None, bytes | None], None]
+
+
+@dataclass(frozen=True)
+class ExchangeSettings:
+    """What the aiokafka clients need: addresses and security, from the proxy config."""
+
+    bootstrap_servers: list[str]
+    client_kwargs: dict[str, Any]
+    request_timeout_ms: int
+
+    @classmethod
+    def of(cls, cfg: ProxyConfig) -> ExchangeSettings:
+        ex = cfg.exchange
+        kwargs: dict[str, Any] = {}
+        protocol = ex.security_protocol or ("SASL_PLAINTEXT" if cfg.upstream_sasl else "PLAINTEXT")
+        kwargs["security_protocol"] = protocol
+        if protocol in ("SSL", "SASL_SSL"):
+            context = ssl.create_default_context(cafile=str(ex.ssl_cafile) if ex.ssl_cafile else None)
+            if ex.ssl_certfile is not None and ex.ssl_keyfile is not None:
+                context.load_cert_chain(str(ex.ssl_certfile), str(ex.ssl_keyfile))
+            kwargs["ssl_context"] = context
+        if protocol.startswith("SASL"):
+            if cfg.upstream_sasl is None:
+                raise ValueError(f"exchange security_protocol {protocol} needs upstream_sasl credentials")
+            kwargs["sasl_mechanism"] = cfg.upstream_sasl.mechanism
+            kwargs["sasl_plain_username"] = cfg.upstream_sasl.username
+            kwargs["sasl_plain_password"] = cfg.upstream_sasl.secret()
+        timeout_ms = int(ex.request_timeout_seconds * 1000)
+        return cls(exchange_addresses(cfg), kwargs, timeout_ms)
+
+
+class ExchangeMetrics:
+    """Per-topic health of the exchange (labels: the topic, a handful at most)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.connected = Gauge(
+            "kthrottle_exchange_connected",
+            "1 while the state-exchange client is connected and following its topic",
+            ["topic"],
+            registry=registry,
+        )
+        self.publish_errors = Counter(
+            "kthrottle_exchange_publish_errors",
+            "Publications to the state-exchange topic that failed",
+            ["topic"],
+            registry=registry,
+        )
+        self.records = Counter(
+            "kthrottle_exchange_records",
+            "Records read from the state-exchange topic",
+            ["topic"],
+            registry=registry,
+        )
+
+
+class CompactedTopic:
+    """Follow a compacted topic from its start, calling ``on_record(key, value)`` in order; publish."""
+
+    def __init__(
+        self,
+        settings: ExchangeSettings,
+        topic: str,
+        on_record: OnRecord,
+        metrics: ExchangeMetrics,
+        *,
+        partitions: int = 1,
+        replication: int | None = None,
+        retry_seconds: float = 2.0,
+    ) -> None:
+        self.settings = settings
+        self.topic = topic
+        self.on_record = on_record
+        self.partitions = partitions
+        self.replication = replication
+        self.retry_seconds = retry_seconds
+        self._connected = metrics.connected.labels(topic)
+        self._publish_errors = metrics.publish_errors.labels(topic)
+        self._records = metrics.records.labels(topic)
+        self._producer: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.caught_up = asyncio.Event()  # set once the records present at connect were read
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"exchange-{self.topic}")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._connected.set(0)
+
+    @property
+    def connected(self) -> bool:
+        return self._producer is not None
+
+    async def publish(self, key: bytes, value: bytes | None) -> bool:
+        """Send one record and wait for the broker's acknowledgement; False (counted) on failure."""
+        producer = self._producer
+        if producer is None:
+            self._publish_errors.inc()
+            log.warning("exchange %s: not connected, publication of key %r dropped", self.topic, key)
+            return False
+        try:
+            await producer.send_and_wait(self.topic, value, key=key)
+        except Exception as exc:  # any client error: counted, logged, retried at the next interval
+            self._publish_errors.inc()
+            log.warning("exchange %s: publication failed: %s", self.topic, exc)
+            return False
+        return True
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._connected.set(0)
+                log.warning(
+                    "exchange %s: %s; retrying in %.0f s",
+                    self.topic,
+                    exc or type(exc).__name__,
+                    self.retry_seconds,
+                )
+            await asyncio.sleep(self.retry_seconds)
+
+    async def _session(self) -> None:
+        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+        s = self.settings
+        await self._ensure_topic()
+        producer = AIOKafkaProducer(
+            bootstrap_servers=s.bootstrap_servers,
+            client_id="kthrottle-exchange",
+            acks="all",
+            request_timeout_ms=s.request_timeout_ms,
+            **s.client_kwargs,
+        )
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=s.bootstrap_servers,
+            client_id="kthrottle-exchange",
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            request_timeout_ms=s.request_timeout_ms,
+            **s.client_kwargs,
+        )
+        await producer.start()
+        try:
+            await consumer.start()
+            try:
+                parts = consumer.partitions_for_topic(self.topic)
+                if not parts:
+                    await consumer.topics()  # a metadata refresh: the topic may have just been made
+                    parts = consumer.partitions_for_topic(self.topic)
+                if not parts:
+                    raise ConnectionError(f"topic {self.topic} has no partitions visible yet")
+                assigned = [TopicPartition(self.topic, p) for p in sorted(parts)]
+                consumer.assign(assigned)
+                await consumer.seek_to_beginning(*assigned)
+                ends = await consumer.end_offsets(assigned)
+                self._producer = producer
+                self._connected.set(1)
+                log.info(
+                    "exchange %s: connected, reading %d partition(s) from the start", self.topic, len(parts)
+                )
+                await self._follow(consumer, ends)
+            finally:
+                self._producer = None
+                self._connected.set(0)
+                await consumer.stop()
+        finally:
+            await producer.stop()
+
+    async def _follow(self, consumer: Any, ends: dict[Any, int]) -> None:
+        pending = {tp for tp, end in ends.items() if end > 0}
+        if not pending:
+            self.caught_up.set()
+        while not self._stopping:
+            batches = await consumer.getmany(timeout_ms=500, max_records=1000)
+            for tp, records in batches.items():
+                for record in records:
+                    self._records.inc()
+                    try:
+                        self.on_record(record.key, record.value)
+                    except Exception:  # a bad record must not stop the exchange
+                        log.exception(
+                            "exchange %s: record at offset %d not applied", self.topic, record.offset
+                        )
+                if tp in pending and records and records[-1].offset + 1 >= ends[tp]:
+                    pending.discard(tp)
+            if pending:
+                for tp in list(pending):
+                    if await consumer.position(tp) >= ends[tp]:
+                        pending.discard(tp)
+            if not pending and not self.caught_up.is_set():
+                self.caught_up.set()
+
+    async def _ensure_topic(self) -> None:
+        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+        from aiokafka.errors import TopicAlreadyExistsError
+
+        s = self.settings
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=s.bootstrap_servers,
+            client_id="kthrottle-exchange",
+            request_timeout_ms=s.request_timeout_ms,
+            **s.client_kwargs,
+        )
+        await admin.start()
+        try:
+            existing = await admin.list_topics()
+            if self.topic in existing:
+                return
+            brokers = (await admin.describe_cluster()).get("brokers") or []
+            replication = self.replication or max(1, min(3, len(brokers)))
+            topic = NewTopic(
+                self.topic,
+                self.partitions,
+                replication,
+                topic_configs={"cleanup.policy": "compact", "min.compaction.lag.ms": "0"},
+            )
+            try:
+                response = await admin.create_topics([topic])
+            except TopicAlreadyExistsError:
+                return
+            for item in getattr(response, "topic_errors", []) or []:
+                code = item[1]
+                if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS (another instance won)
+                    raise ConnectionError(f"creating topic {self.topic} failed with error {code}")
+            log.info("exchange: created compacted topic %s (replication %d)", self.topic, replication)
+        finally:
+            await admin.close()
