@@ -181,10 +181,7 @@ class CompactedTopic:
         try:
             await consumer.start()
             try:
-                parts = consumer.partitions_for_topic(self.topic)
-                if not parts:
-                    await consumer.topics()  # a metadata refresh: the topic may have just been made
-                    parts = consumer.partitions_for_topic(self.topic)
+                parts = await producer.partitions_for(self.topic)  # waits for the topic's metadata
                 if not parts:
                     raise ConnectionError(f"topic {self.topic} has no partitions visible yet")
                 assigned = [TopicPartition(self.topic, p) for p in sorted(parts)]
