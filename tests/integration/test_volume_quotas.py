@@ -263,3 +263,62 @@ def test_volume_state_throttles_then_pauses_every_proxy_and_resumes_without_loss
         for p in proxies:
             with contextlib.suppress(Exception):
                 p.stop()
+
+
+def test_paused_produce_past_the_memory_bound_is_answered_retriable_and_lands_once(
+    kafka_cluster3: KafkaCluster, volumes: list[Path]
+) -> None:
+    """With no memory left for parked requests, a paused produce is answered at once with a
+    retriable error and a throttle; the idempotent producer retries until space returns, and
+    every message lands exactly once. (fail_safe open: only broker 1 publishes here.)"""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"volume-bound-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": kafka_cluster3.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[[3]])])[topic].result(30)
+    cfg = {**volume_config(volumes[0], 1), "fail_safe": "open", "max_parked_bytes": 0}
+    proxy = ProxyProcess(gateway_config(kafka_cluster3, volume=cfg)).start()
+    try:
+        wait_for("OPEN", lambda: state_of(proxy)["state"] == "open", proxies=[proxy])
+        fill(volumes[0], 0.95)
+        wait_for("PAUSE", lambda: state_of(proxy)["state"] == "pause", proxies=[proxy])
+        writer = Writer(proxy.bootstrap, "bounded")
+        sent = writer.send(topic, "paused", 25)
+        writer.pump(3.0)
+        assert end_offset(kafka_cluster3, topic) == 0
+        assert writer.errors == []  # retriable: librdkafka retries, the application sees nothing
+        assert metric(proxy, 'kthrottle_volume_parked_requests_total{outcome="retriable"}') > 0
+        assert writer.watch.max >= 1000  # the throttle time the paused answers carry
+        fill(volumes[0], 0.10)
+        assert writer.flush(60) == 0
+        assert writer.errors == []
+        got = read_all(kafka_cluster3.bootstrap_servers, topic, len(sent))
+        assert sorted(got) == sorted(sent)
+    finally:
+        proxy.stop()
+
+
+def test_describe_log_dirs_source_publishes_the_brokers_own_log_dirs(kafka_broker: KafkaCluster) -> None:
+    """Gateway mode: the proxy asks the broker itself (DescribeLogDirs v4, KIP-827) and publishes
+    that broker's real log dir with its capacity and usage."""
+    cfg = {
+        "enabled": True,
+        "topic": f"__kthrottle_volume_test_{uuid.uuid4().hex[:8]}",
+        "publish_interval_seconds": 0.5,
+        "staleness_seconds": STALENESS_S,
+        "soft_limit": {"type": "MinFreeBytes", "value": 1024},
+        "hard_limit": {"type": "MinFreeBytes", "value": 512},
+    }
+    proxy = ProxyProcess(gateway_config(kafka_broker, volume=cfg)).start()
+    try:
+        wait_for("OPEN", lambda: state_of(proxy)["state"] == "open", proxies=[proxy])
+        (broker,) = state_of(proxy)["brokers"]
+        assert broker["broker_id"] == 1 and broker["status"] == "fresh"
+        worst = broker["worst"]
+        log_dir = kafka_broker.node(1).kafka_data_dir
+        assert worst["volume"] == str(log_dir)
+        assert worst["capacity"] > worst["consumed"] > 0
+        assert metric(proxy, 'kthrottle_volume_publications_total{broker="1"}') >= 1
+        assert metric(proxy, 'kthrottle_exchange_connected{topic="' + cfg["topic"] + '"}') == 1
+    finally:
+        proxy.stop()
