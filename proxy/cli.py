@@ -1,4 +1,4 @@
-"""`kthrottle` command line: run the proxy, or check a config file."""
+"""`kthrottle` command line: run the proxy, check a config file, tune quotas, export a capture topic."""
 
 from __future__ import annotations
 
@@ -57,6 +57,59 @@ async def serve(cfg: ProxyConfig, ready_file: Path | None = None, config_path: P
     log.info("stopped")
 
 
+def capture_export(args: argparse.Namespace) -> int:
+    """`kthrottle capture-export`: exit 0 when done, 2 when refused (nothing written then)."""
+    from proxy.capture_export import ExportError, export
+    from proxy.capture_kafka import security
+    from proxy.config import capture_bootstrap
+
+    logging.basicConfig(
+        level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)  # the client's retries; failures are ours to say
+    bootstrap: list[str] = []
+    topic = args.topic
+    secure: dict[str, object] = {}
+    try:
+        if args.config is not None:
+            cfg = load_config(args.config)
+            bootstrap = capture_bootstrap(cfg)
+            topic = topic or cfg.capture.kafka.topic
+            secure = security(cfg.upstream_sasl)
+    except (ConfigError, OSError) as exc:
+        print(f"kthrottle: {exc}", file=sys.stderr)
+        return 2
+    if args.bootstrap_servers:
+        bootstrap = [s.strip() for s in args.bootstrap_servers.split(",") if s.strip()]
+    if not bootstrap:
+        print("kthrottle: capture-export needs --bootstrap-servers (or --config)", file=sys.stderr)
+        return 2
+    topic = topic or "__kthrottle_capture"
+    if args.max_records is not None and args.max_records < 1:
+        print("kthrottle: --max-records must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        result = export(
+            bootstrap,
+            topic,
+            args.output,
+            from_beginning=args.from_beginning,
+            max_records=args.max_records,
+            idle_timeout_s=args.idle_timeout_s,
+            to_end=args.to_end,
+            skip_invalid=args.skip_invalid,
+            security=secure,
+        )
+    except ExportError as exc:
+        print(f"kthrottle: capture-export: {exc}; nothing written", file=sys.stderr)
+        return 2
+    print(
+        f"capture-export: {result.records} records ({result.skipped} skipped) from topic {topic} "
+        f"({result.partitions} partitions) into {len(result.files)} files in {args.output}"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kthrottle", description="Kafka-protocol throttling proxy")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -70,7 +123,38 @@ def main(argv: list[str] | None = None) -> int:
         help="propose quotas from capture files (the analytics job on a local Spark; see --help)",
         add_help=False,
     )
+    export = sub.add_parser(
+        "capture-export",
+        help="write the Kafka capture sink's topic out as capture files (what `tune --input` reads)",
+    )
+    export.add_argument(
+        "--bootstrap-servers", help="host:port[,host:port...] of the brokers (default: from --config)"
+    )
+    export.add_argument("--topic", help="capture topic (default: from --config, else __kthrottle_capture)")
+    export.add_argument("--output", required=True, type=Path, help="directory for the Parquet capture files")
+    export.add_argument(
+        "--config", type=Path, help="a proxy config: its capture.kafka brokers, topic and upstream login"
+    )
+    export.add_argument(
+        "--from-beginning", action="store_true", help="start at the oldest message (else at the end)"
+    )
+    export.add_argument("--max-records", type=int, help="stop after this many records")
+    export.add_argument(
+        "--idle-timeout-s", type=float, default=10.0, help="stop after this long without a message (10)"
+    )
+    export.add_argument(
+        "--to-end", action="store_true", help="stop once every partition reached its end as of the start"
+    )
+    export.add_argument(
+        "--skip-invalid",
+        action="store_true",
+        help="count and skip messages of another schema version or not capture records (default: fail)",
+    )
     args, rest = parser.parse_known_args(argv)
+    if args.command == "capture-export":
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        return capture_export(args)
     if args.command == "tune":
         # The same job as `spark-submit analytics/tune.py`, on a local Spark unless --master says.
         from analytics.tune import main as tune

@@ -106,10 +106,59 @@ class UpstreamSasl(Strict):
         return self.password_file.read_text(encoding="utf-8").strip()
 
 
+class CaptureKafkaConfig(Strict):
+    """The Kafka capture sink (``capture.sink: kafka``): one JSON message per record on a topic.
+
+    The proxy's own producer connects to the brokers directly, never through the proxy, so it is
+    never throttled by itself.
+    """
+
+    topic: str = Field("__kthrottle_capture", pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    # Default: the proxy's upstream brokers (gateway.upstream_bootstrap, or sidecar.upstream).
+    bootstrap_servers: list[str] | None = Field(None, min_length=1)
+    create_topic: bool = True  # created at start when missing (cleanup.policy=delete)
+    partitions: int = Field(3, ge=1, le=100_000)
+    replication_factor: int = Field(-1, ge=-1, le=32767)  # -1: the brokers' default.replication.factor
+    retention_ms: int = Field(7 * 86400 * 1000, ge=-1)  # -1: keep forever
+    compression: Literal["zstd", "gzip", "lz4", "snappy", "none"] | None = None  # None: zstd, else gzip
+    # Bytes handed to the producer and not yet acknowledged; past this, records are dropped.
+    buffer_bytes: int = Field(32 * 1024 * 1024, ge=64 * 1024, le=2**31)
+    linger_ms: int = Field(100, ge=0, le=10_000)
+    delivery_timeout_ms: int = Field(30_000, ge=1000, le=600_000)  # a record not acked by then failed
+    close_timeout_seconds: float = Field(5.0, ge=0, le=120)  # flush on shutdown, at most this long
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _check_bootstrap(cls, value: list[str] | None) -> list[str] | None:
+        for item in value or ():
+            _host_port(item)
+        return value
+
+    @model_validator(mode="after")
+    def _delivery_after_linger(self) -> CaptureKafkaConfig:
+        if self.delivery_timeout_ms < self.linger_ms + 1000:
+            raise ValueError("delivery_timeout_ms must be at least linger_ms + 1000")
+        return self
+
+    @field_validator("compression")
+    @classmethod
+    def _codec_available(cls, value: str | None) -> str | None:
+        if value in (None, "none", "gzip"):
+            return value
+        from kafka import codec
+
+        if not getattr(codec, f"has_{value}")():
+            raise ValueError(f"{value} compression needs its Python package, which is not installed")
+        return value
+
+
 class CaptureConfig(Strict):
-    """Traffic capture: one record per request (quota/capture_schema.py) to rolling Parquet files."""
+    """Traffic capture: one record per request (quota/capture_schema.py) to rolling Parquet files,
+    or (``sink: kafka``) to a Kafka topic."""
 
     enabled: bool = False
+    sink: Literal["files", "kafka"] = "files"
+    kafka: CaptureKafkaConfig = Field(default_factory=CaptureKafkaConfig)
     directory: Path = Path("capture")
     instance: str | None = None  # names this proxy in the records and file names; default: host name
     max_file_bytes: int = Field(128 * 1024 * 1024, ge=64 * 1024, le=2**40)
@@ -183,7 +232,35 @@ class ProxyConfig(Strict):
             raise ValueError("mode gateway needs a 'gateway' section with upstream_bootstrap")
         if self.mode == "sidecar" and self.sidecar is None:
             raise ValueError("mode sidecar needs a 'sidecar' section")
+        self._capture_goes_direct()
         return self
+
+    def _capture_goes_direct(self) -> None:
+        """The capture producer must reach the brokers directly: through the proxy it would be
+        captured and throttled by the proxy it reports on."""
+        servers = self.capture.kafka.bootstrap_servers
+        if not (self.capture.enabled and self.capture.sink == "kafka" and servers):
+            return
+        own_hosts = {self.bind_host, self.advertised_host, "localhost", "127.0.0.1", "0.0.0.0", "::1", ""}
+        own_ports = set()
+        if self.gateway is not None:
+            own_ports |= {self.gateway.bootstrap_port, *self.gateway.broker_ports.values()}
+        if self.sidecar is not None:
+            own_ports.add(self.sidecar.listen_port)
+        for item in servers:
+            host, port = _host_port(item)
+            if host in own_hosts and port in own_ports:
+                raise ValueError(
+                    f"capture.kafka.bootstrap_servers: {item} is this proxy's own listener; "
+                    "the capture producer must connect to the brokers directly"
+                )
+
+
+def capture_bootstrap(cfg: ProxyConfig) -> list[str]:
+    """Where the Kafka capture sink's producer connects: its own setting, else the upstream brokers."""
+    if cfg.capture.kafka.bootstrap_servers:
+        return list(cfg.capture.kafka.bootstrap_servers)
+    return [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in upstream_addresses(cfg)]
 
 
 def exchange_addresses(cfg: ProxyConfig) -> list[str]:

@@ -74,16 +74,22 @@ class ProxyMetrics:
             registry=r,
         )
         self.capture_records = Counter(
-            "kthrottle_capture_records", "Capture records written to files", registry=r
+            "kthrottle_capture_records",
+            "Capture records written to files, or acknowledged by the brokers (kafka sink)",
+            registry=r,
         )
         self.capture_dropped = Counter(
             "kthrottle_capture_dropped",
-            "Capture records dropped because the writer fell behind (traffic is never slowed)",
+            "Capture records dropped because the writer fell behind, or (kafka sink) the producer "
+            "could not take them without waiting (traffic is never slowed)",
             registry=r,
         )
         self.capture_files = Counter("kthrottle_capture_files", "Capture files completed", registry=r)
         self.capture_errors = Counter(
-            "kthrottle_capture_write_errors", "Failed capture writes (their records are lost)", registry=r
+            "kthrottle_capture_write_errors",
+            "Failed capture writes: file writes (their records are lost), or (kafka sink) records "
+            "whose delivery failed",
+            registry=r,
         )
         self.config_reloads = Counter(
             "kthrottle_config_reloads",

@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass, field
 
 from proxy.brokers import BrokerDirectory
-from proxy.capture import CaptureWriter
+from proxy.capture import CaptureWriter, instance_name
 from proxy.config import ProxyConfig
 from proxy.metrics import ProxyMetrics
 from proxy.pipeline import Pipeline, _ClientProtocol
@@ -45,7 +45,7 @@ class ProxyServer:
             self.upstream_credentials,
         )
         self.metrics.registry.register(QuotaCollector(self.enforcer, cfg.quotas.metrics_max_series))
-        self.capture = CaptureWriter(cfg.capture, self.metrics) if cfg.capture.enabled else None
+        self.capture = self._capture_writer(cfg) if cfg.capture.enabled else None
         self.volume = (
             VolumeService(cfg, self.metrics.registry, self.upstream_credentials)
             if cfg.volume.enabled
@@ -57,6 +57,14 @@ class ProxyServer:
         self.upstream_ready = False
         self._refresh_task: asyncio.Task[None] | None = None
         self._opening: dict[int, asyncio.Task[None]] = {}
+
+    def _capture_writer(self, cfg: ProxyConfig) -> CaptureWriter:
+        if cfg.capture.sink == "kafka":
+            from proxy.capture_kafka import kafka_sink
+
+            sink = kafka_sink(cfg, self.metrics, instance_name(cfg.capture))
+            return CaptureWriter(cfg.capture, self.metrics, sink=sink)
+        return CaptureWriter(cfg.capture, self.metrics)
 
     # --- start and stop ------------------------------------------------------------------------
 
