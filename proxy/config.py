@@ -195,6 +195,25 @@ class ExchangeConfig(Strict):
         return self
 
 
+class ClusterQuotaConfig(Strict):
+    """The exchange behind ``scope: cluster`` byte-rate quotas (quota/cluster.py); it runs when
+    the quotas at start have a cluster-scoped entity."""
+
+    topic: str = "__kthrottle_cluster_usage"
+    instance: str | None = None  # unique per proxy; default: host name and process id
+    publish_interval_seconds: float = Field(1.0, gt=0, le=60)
+    staleness_seconds: float = Field(5.0, gt=0, le=3600)
+    # Instances assumed for the fallback (quota / instances) before the exchange has told any.
+    assumed_instances: int = Field(1, ge=1, le=10_000)
+    retention_seconds: float = Field(600.0, ge=60, le=7 * 86400)
+
+    @model_validator(mode="after")
+    def _staleness(self) -> ClusterQuotaConfig:
+        if self.staleness_seconds <= 2 * self.publish_interval_seconds:
+            raise ValueError("staleness_seconds must be more than twice publish_interval_seconds")
+        return self
+
+
 class ProxyConfig(Strict):
     mode: Literal["gateway", "sidecar"] = "gateway"
     bind_host: str = "127.0.0.1"
@@ -214,6 +233,7 @@ class ProxyConfig(Strict):
     capture: CaptureConfig = Field(default_factory=CaptureConfig)
     exchange: ExchangeConfig = Field(default_factory=ExchangeConfig)
     volume: VolumeConfig = Field(default_factory=VolumeConfig)
+    cluster_quotas: ClusterQuotaConfig = Field(default_factory=ClusterQuotaConfig)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("bind_host")

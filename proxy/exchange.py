@@ -95,6 +95,7 @@ class CompactedTopic:
         partitions: int = 1,
         replication: int | None = None,
         retry_seconds: float = 2.0,
+        topic_configs: dict[str, str] | None = None,
     ) -> None:
         self.settings = settings
         self.topic = topic
@@ -102,6 +103,11 @@ class CompactedTopic:
         self.partitions = partitions
         self.replication = replication
         self.retry_seconds = retry_seconds
+        self.topic_configs = {
+            "cleanup.policy": "compact",
+            "min.compaction.lag.ms": "0",
+            **(topic_configs or {}),
+        }
         self._connected = metrics.connected.labels(topic)
         self._publish_errors = metrics.publish_errors.labels(topic)
         self._records = metrics.records.labels(topic)
@@ -247,7 +253,7 @@ class CompactedTopic:
                 self.topic,
                 self.partitions,
                 replication,
-                topic_configs={"cleanup.policy": "compact", "min.compaction.lag.ms": "0"},
+                topic_configs=self.topic_configs,
             )
             try:
                 response = await admin.create_topics([topic])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from proxy.config import ConfigError, ProxyConfig, load_config, quotas_path
 from proxy.server import ProxyServer
+from quota.entities import any_cluster_scope
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,10 @@ def apply(server: ProxyServer, new: ProxyConfig) -> list[str]:
     server.enforcer.reconfigure(new.quotas)
     if server.volume is not None:
         pending += server.volume.reconfigure(new)
+    if server.cluster_quotas is not None:
+        pending += server.cluster_quotas.reconfigure(new)
+    elif any_cluster_scope(new.quotas):
+        pending.append("quotas with scope cluster (the exchange starts at restart; until then per instance)")
     live = {k: getattr(new, k) for k in ProxyConfig.model_fields if k not in _RESTART_ONLY}
     server.cfg = old.model_copy(update=live)
     logging.getLogger().setLevel(new.log_level)

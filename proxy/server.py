@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from proxy.brokers import BrokerDirectory
 from proxy.capture import CaptureWriter, instance_name
+from proxy.cluster_quotas import ClusterQuotaService
 from proxy.config import ProxyConfig
 from proxy.metrics import ProxyMetrics
 from proxy.pipeline import Pipeline, _ClientProtocol
@@ -17,6 +18,7 @@ from proxy.throttling import QuotaEnforcer
 from proxy.topic_catalog import TopicCatalog
 from proxy.upstream_client import PlainCredentials, fetch_brokers
 from proxy.volume_service import VolumeService
+from quota.entities import any_cluster_scope
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,11 @@ class ProxyServer:
             if cfg.volume.enabled
             else None
         )
+        self.cluster_quotas = (
+            ClusterQuotaService(cfg, self.enforcer, self.metrics.registry)
+            if any_cluster_scope(cfg.quotas)
+            else None
+        )
         self.listeners: dict[str, Listener] = {}
         self.pipelines: set[Pipeline] = set()
         self.draining = False
@@ -83,6 +90,8 @@ class ProxyServer:
         self._refresh_task = asyncio.get_running_loop().create_task(self._refresh_loop())
         if self.volume is not None:
             self.volume.start()
+        if self.cluster_quotas is not None:
+            self.cluster_quotas.start()
 
     async def _open(self, name: str, port: int, node_id: int | None) -> Listener:
         listener = Listener(name, self.cfg.bind_host, port, node_id)
@@ -184,6 +193,8 @@ class ProxyServer:
                     await asyncio.wait_for(listener.server.wait_closed(), 1.0)
         if self.volume is not None:
             await self.volume.stop()
+        if self.cluster_quotas is not None:
+            await self.cluster_quotas.stop()
         if self.capture is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.capture.close)
 

@@ -34,6 +34,8 @@ user, not on a client id or a (user, client-id) pair.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from quota.keys import PRODUCER_IDS_RATE, TOPIC_CONSUMER_BYTE_RATE, TOPIC_PRODUCER_BYTE_RATE
@@ -54,6 +56,15 @@ class ClientQuotas(_Strict):
     request_percentage: Rate | None = Field(None, gt=0)
     controller_mutation_rate: Rate | None = Field(None, gt=0)
     producer_ids_rate: Rate | None = Field(None, gt=0)
+    # cluster: producer_byte_rate and consumer_byte_rate hold across all proxy instances (the
+    # rates are shared through the cluster-quota exchange); instance: each proxy alone, as Kafka.
+    scope: Literal["instance", "cluster"] = "instance"
+
+    @model_validator(mode="after")
+    def _scope_of_byte_rates(self) -> ClientQuotas:
+        if self.scope == "cluster" and self.producer_byte_rate is None and self.consumer_byte_rate is None:
+            raise ValueError("scope cluster applies to producer_byte_rate and consumer_byte_rate: set one")
+        return self
 
     def get(self, key: str) -> Rate | None:
         value: Rate | None = getattr(self, key)

@@ -23,6 +23,7 @@ class Match:
     level: int
     bucket: Bucket
     quota: float
+    cluster: bool = False  # scope: cluster (quota/cluster.py)
 
 
 def _levels(cfg: QuotaConfig, user: str, client_id: str) -> list[tuple[int, ClientQuotas | None, Bucket]]:
@@ -51,7 +52,7 @@ def resolve(cfg: QuotaConfig, user: str, client_id: str, key: str) -> Match | No
         if quotas is not None:
             value = quotas.get(key)
             if value is not None:
-                return Match(level, bucket, value)
+                return Match(level, bucket, value, quotas.scope == "cluster")
     return None
 
 
@@ -61,6 +62,13 @@ def any_entity_quota(cfg: QuotaConfig, key: str) -> bool:
     entities = [*cfg.clients.values(), *cfg.users.values()]
     entities += [c for u in cfg.users.values() for c in u.clients.values()]
     return any(q.get(key) is not None for q in entities)
+
+
+def any_cluster_scope(cfg: QuotaConfig) -> bool:
+    """Whether any entity's byte rates hold cluster-wide (the exchange is needed then)."""
+    entities = [*cfg.clients.values(), *cfg.users.values()]
+    entities += [c for u in cfg.users.values() for c in u.clients.values()]
+    return any(q.scope == "cluster" for q in entities)
 
 
 def topic_quota(cfg: QuotaConfig, topic: str, produce: bool) -> float | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from quota.cluster import FETCH_KIND, PRODUCE_KIND, ClusterView
 from quota.config import QuotaConfig
 from quota.entities import Bucket, Match, any_entity_quota, resolve, topic_quota
 from quota.keys import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
@@ -55,6 +56,10 @@ class ByteRateQuotas:
         self._topic_quotas: dict[str, float | None] = {}
         self._last_expiry_ms = now_ms
         self.active = self._any_quota(cfg)
+        # Cluster scope (quota/cluster.py): the other instances' rates, when the exchange runs.
+        self.cluster: ClusterView | None = None
+        self.cluster_buckets: set[Bucket] = set()
+        self.kind = PRODUCE_KIND if produce else FETCH_KIND
 
     def reconfigure(self, cfg: QuotaConfig) -> None:
         """Apply a new config; rates measured so far are kept (Kafka keeps its sensors)."""
@@ -66,6 +71,7 @@ class ByteRateQuotas:
             self.partitions.clear()
         self._matches.clear()
         self._topic_quotas.clear()
+        self.cluster_buckets.clear()  # matched again, with the new scopes, at the next request
         self.active = self._any_quota(cfg)
 
     def _any_quota(self, cfg: QuotaConfig) -> bool:
@@ -112,7 +118,17 @@ class ByteRateQuotas:
         rate = self._rate(self.clients, bucket, now_ms)
         rate.record(size, now_ms)
         measured = rate.measure(now_ms)
-        client_ms = throttle_time_ms(measured, match.quota, rate.window_ms(now_ms)) if match else 0
+        client_ms = 0
+        if match is not None:
+            client_quota = match.quota
+            if match.cluster and self.cluster is not None:
+                self.cluster_buckets.add(bucket)
+                status = self.cluster.status(now_ms)
+                if status.fallback:
+                    client_quota /= status.instances
+                else:
+                    measured += self.cluster.remote_rate(self.kind, bucket, now_ms)
+            client_ms = throttle_time_ms(measured, client_quota, rate.window_ms(now_ms))
         rate.throttled_ms += client_ms
         part_ms = 0
         worst: PartitionKey | None = None
@@ -142,6 +158,15 @@ class ByteRateQuotas:
             if prate is not None:
                 prate.unrecord(usage.size, now_ms)
 
+    def cluster_rates(self, now_ms: float) -> list[tuple[str, Bucket, float]]:
+        """This instance's rate for each cluster-scoped bucket: what it reports to the others."""
+        out = []
+        for bucket in self.cluster_buckets:
+            rate = self.clients.get(bucket)
+            if rate is not None:
+                out.append((self.kind, bucket, rate.measure(now_ms)))
+        return out
+
     def max_bytes_in_window(self, user: str, client_id: str) -> int | None:
         """Kafka caps a fetch at quota * (num - 1) * window size; None when no quota applies."""
         match = self.match(user, client_id)
@@ -160,6 +185,7 @@ class ByteRateQuotas:
             stale = [k for k, r in table.items() if r.last_record_ms < horizon]
             for key in stale:
                 del table[key]  # type: ignore[arg-type]
+                self.cluster_buckets.discard(key)
             dropped += len(stale)
         if dropped and len(self._matches) > 4 * max(1, len(self.clients)):
             self._matches.clear()

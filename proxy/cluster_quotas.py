@@ -1,0 +1,175 @@
+"""``scope: cluster`` byte-rate quotas at run time: publish this instance's rates, read the others'.
+
+The policy is quota/cluster.py. Every ``publish_interval_seconds`` this instance reports the rate
+it measured for each cluster-scoped bucket (produce and fetch) to a topic keyed by instance id
+(compacted, with a short retention: only the latest report of each instance matters), and reads
+all reports, its own included: reading its own back is how it knows the exchange works. Metrics
+say how many instances are live, whether the fallback (quota / instances) is in force, and how
+old this instance's latest report was when it came back (the exchange's lag).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from proxy.config import ProxyConfig
+from proxy.exchange import CompactedTopic, ExchangeMetrics, ExchangeSettings
+from proxy.throttling import QuotaEnforcer
+from quota.cluster import ClusterRates, ClusterStatus, ReportError, UsageReport, report
+
+log = logging.getLogger(__name__)
+
+
+class ClusterQuotaMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.instances = Gauge(
+            "kthrottle_cluster_quota_instances",
+            "Proxy instances sharing cluster-scoped quotas",
+            registry=registry,
+        )
+        self.fallback = Gauge(
+            "kthrottle_cluster_quota_fallback",
+            "1 while the exchange is stale or down and each instance enforces quota / instances",
+            registry=registry,
+        )
+        self.lag = Gauge(
+            "kthrottle_cluster_quota_exchange_lag_seconds",
+            "Age of this instance's latest report when it was read back from the topic",
+            registry=registry,
+        )
+        self.report_bytes = Gauge(
+            "kthrottle_cluster_quota_report_bytes", "Size of this instance's latest report", registry=registry
+        )
+        self.buckets = Gauge(
+            "kthrottle_cluster_quota_buckets",
+            "Cluster-scoped buckets this instance reported",
+            registry=registry,
+        )
+
+
+def default_instance() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class ClusterQuotaService:
+    def __init__(
+        self,
+        cfg: ProxyConfig,
+        enforcer: QuotaEnforcer,
+        registry: CollectorRegistry,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg = cfg
+        ccfg = cfg.cluster_quotas
+        self.instance = ccfg.instance or default_instance()
+        self.enforcer = enforcer
+        self.wall_clock = wall_clock
+        self.metrics = ClusterQuotaMetrics(registry)
+        # Reports carry wall-clock times; the quotas run on the enforcer's clock, so the rates
+        # table is kept in wall time and asked in wall time through the adapter below.
+        self.rates = ClusterRates(
+            self.instance, ccfg.staleness_seconds * 1000.0, self.now_ms(), ccfg.assumed_instances
+        )
+        view = _WallClockView(self.rates, self.now_ms)
+        enforcer.produce.cluster = view
+        enforcer.fetch.cluster = view
+        self.exchange = CompactedTopic(
+            ExchangeSettings.of(cfg),
+            ccfg.topic,
+            self._on_record,
+            ExchangeMetrics(registry),
+            topic_configs={
+                "cleanup.policy": "compact,delete",
+                "retention.ms": str(int(ccfg.retention_seconds * 1000)),
+                "segment.ms": str(int(ccfg.retention_seconds * 1000 / 4)),
+            },
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    def now_ms(self) -> float:
+        return self.wall_clock() * 1000.0
+
+    def start(self) -> None:
+        self.exchange.start()
+        self._task = asyncio.get_running_loop().create_task(self._publish_loop(), name="cluster-quota")
+        log.info("cluster quotas: instance %s, topic %s", self.instance, self.cfg.cluster_quotas.topic)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.exchange.stop()
+
+    def reconfigure(self, cfg: ProxyConfig) -> list[str]:
+        notes = []
+        old, new = self.cfg.cluster_quotas, cfg.cluster_quotas
+        if (old.topic, old.instance) != (new.topic, new.instance):
+            notes.append("cluster_quotas.topic/instance changed: takes effect at restart")
+        self.cfg = cfg.model_copy(
+            update={"cluster_quotas": new.model_copy(update={"topic": old.topic, "instance": old.instance})}
+        )
+        self.rates.reconfigure(new.staleness_seconds * 1000.0)
+        return notes
+
+    def _on_record(self, key: bytes | None, value: bytes | None) -> None:
+        if value is None:
+            if key:
+                self.rates.forget(key.decode(errors="replace"))
+            return
+        try:
+            got = UsageReport.decode(value)
+        except ReportError as exc:
+            log.warning("cluster quotas: report of %r skipped: %s", key, exc)
+            return
+        self.rates.update(got)
+
+    async def _publish_loop(self) -> None:
+        last_fallback: bool | None = None
+        while True:
+            await asyncio.sleep(self.cfg.cluster_quotas.publish_interval_seconds)
+            now = self.now_ms()
+            local = self.enforcer.now_ms()
+            rates = self.enforcer.produce.cluster_rates(local) + self.enforcer.fetch.cluster_rates(local)
+            mine = report(self.instance, now, [(k, b, r) for k, b, r in rates])
+            data = mine.encode()
+            self.metrics.report_bytes.set(len(data))
+            self.metrics.buckets.set(len(mine.rates))
+            if self.exchange.connected:
+                await self.exchange.publish(self.instance.encode(), data)
+            status = self.rates.status(self.now_ms())
+            self.metrics.instances.set(status.instances)
+            self.metrics.fallback.set(1 if status.fallback else 0)
+            if status.own_lag_ms is not None:
+                self.metrics.lag.set(max(0.0, status.own_lag_ms / 1000.0))
+            if status.fallback != last_fallback:
+                if status.fallback:
+                    log.warning(
+                        "cluster quotas: exchange stale or down, enforcing quota / %d instances",
+                        status.instances,
+                    )
+                elif last_fallback is not None:
+                    log.info("cluster quotas: exchange back, %d instances share the quotas", status.instances)
+                last_fallback = status.fallback
+
+
+class _WallClockView:
+    """ClusterRates asked with the enforcer's (monotonic) times, answered in wall time."""
+
+    def __init__(self, rates: ClusterRates, wall_ms: Callable[[], float]) -> None:
+        self.rates = rates
+        self.wall_ms = wall_ms
+
+    def status(self, _now_ms: float) -> ClusterStatus:
+        return self.rates.status(self.wall_ms())
+
+    def remote_rate(self, kind: str, bucket: tuple[str, str], _now_ms: float) -> float:
+        return self.rates.remote_rate(kind, bucket, self.wall_ms())
