@@ -87,7 +87,14 @@ def build_app(server: ProxyServer) -> web.Application:
             return web.json_response({"enabled": False})
         return web.json_response({"enabled": True, **server.volume.quotas.describe(server.volume.now_ms())})
 
+    async def cluster(_request: web.Request) -> web.Response:
+        service = server.cluster_quotas
+        if service is None:
+            return web.json_response({"enabled": False})
+        return web.json_response({"enabled": True, **service.rates.describe(service.now_ms())})
+
     app.router.add_get("/volume", volume)
+    app.router.add_get("/quotas/cluster", cluster)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

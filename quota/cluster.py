@@ -141,6 +141,27 @@ class ClusterRates:
             trusted = True  # just started: the first report has not come back yet
         return ClusterStatus(live if trusted else self._last_live, not trusted, lag)
 
+    def describe(self, now_ms: float) -> dict[str, object]:
+        """For the admin endpoint: this instance, the exchange's health, the others' reports."""
+        st = self.status(now_ms)
+        return {
+            "instance": self.instance,
+            "instances": st.instances,
+            "fallback": st.fallback,
+            "own_lag_ms": st.own_lag_ms,
+            "staleness_ms": self.staleness_ms,
+            "others": [
+                {
+                    "instance": r.instance,
+                    "age_ms": now_ms - r.at_ms,
+                    "fresh": self._fresh(r, now_ms),
+                    "rates": [list(x) for x in r.rates[:50]],
+                    "buckets": len(r.rates),
+                }
+                for r in sorted(self._reports.values(), key=lambda r: r.instance)
+            ],
+        }
+
     def remote_rate(self, kind: str, bucket: Bucket, now_ms: float) -> float:
         """The other instances' fresh rates for a bucket, summed (recomputed at most every 100 ms)."""
         if now_ms - self._remote_at_ms > 100.0 or now_ms < self._remote_at_ms:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,8 +61,7 @@ def _java_admin(bootstrap: str, client_id: str, op: str, *args: str) -> dict[str
     return results
 
 
-def _partitions(cluster: KafkaCluster, topic: str) -> int | None:
-    """Partition count on the broker itself (not through the proxy); None if the topic is absent."""
+def _described_partitions(cluster: KafkaCluster, topic: str) -> int | None:
     from kafka import KafkaAdminClient
 
     admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap_servers)
@@ -75,6 +75,20 @@ def _partitions(cluster: KafkaCluster, topic: str) -> int | None:
     return None
 
 
+def _partitions(cluster: KafkaCluster, topic: str, expect: int | None) -> int | None:
+    """Partition count on the broker itself (not through the proxy); None if the topic is absent.
+
+    The broker's metadata cache follows the controller's commit a moment later, so the count is
+    read again for up to 10 s until it is ``expect``; the last reading is returned either way.
+    """
+    deadline = time.monotonic() + 10.0
+    while True:
+        found = _described_partitions(cluster, topic)
+        if found == expect or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
 @pytest.mark.timeout(120)
 def test_java_admin_strict_create(kafka_broker: KafkaCluster, proxy: ProxyProcess) -> None:
     a, b, c = _name("m-a"), _name("m-b"), _name("m-c")
@@ -85,8 +99,8 @@ def test_java_admin_strict_create(kafka_broker: KafkaCluster, proxy: ProxyProces
         assert kind == "ThrottlingQuotaExceededException"
         assert message == THROTTLING_QUOTA_EXCEEDED_MESSAGE
         assert 4000 <= throttle_ms <= 5000  # 20 - 30 = -10 tokens at 2/s
-    assert _partitions(kafka_broker, a) == 30
-    assert _partitions(kafka_broker, b) is None and _partitions(kafka_broker, c) is None
+    assert _partitions(kafka_broker, a, 30) == 30
+    assert _partitions(kafka_broker, b, None) is None and _partitions(kafka_broker, c, None) is None
     assert (
         proxy.metric("kthrottle_mutation_rejected_topics_total", {"api": "CreateTopics", "mode": "applied"})
         >= 2
@@ -125,7 +139,7 @@ def test_topic_command_sees_the_quota(
     code, out = create(small, 1)
     assert code != 0
     assert THROTTLING_QUOTA_EXCEEDED_MESSAGE in out
-    assert _partitions(kafka_broker, big) == 50 and _partitions(kafka_broker, small) is None
+    assert _partitions(kafka_broker, big, 50) == 50 and _partitions(kafka_broker, small, None) is None
 
 
 @pytest.mark.timeout(120)
@@ -134,7 +148,7 @@ def test_validate_only_is_charged_like_the_broker(kafka_broker: KafkaCluster, pr
     proxy does the same by default (``mutations.charge_validate_only``)."""
     checked, real = _name("m-validate"), _name("m-real")
     assert _java_admin(proxy.bootstrap, "validator", "validate", f"{checked}:40")[checked][0] == "OK"
-    assert _partitions(kafka_broker, checked) is None  # only validated
+    assert _partitions(kafka_broker, checked, None) is None  # only validated
     assert _java_admin(proxy.bootstrap, "validator", "create", f"{real}:1")[real][0] == (
         "ThrottlingQuotaExceededException"
     )
@@ -148,7 +162,7 @@ def test_create_partitions_strict(kafka_broker: KafkaCluster, proxy: ProxyProces
     results = _java_admin(proxy.bootstrap, "grower", "partitions", f"{grow}:31", f"{other}:31")
     assert results[grow][0] == "OK"
     assert results[other][0] == "ThrottlingQuotaExceededException"
-    assert _partitions(kafka_broker, grow) == 31 and _partitions(kafka_broker, other) == 1
+    assert _partitions(kafka_broker, grow, 31) == 31 and _partitions(kafka_broker, other, 1) == 1
 
 
 @pytest.mark.timeout(120)
@@ -160,7 +174,7 @@ def test_delete_over_quota_leaves_topics(kafka_broker: KafkaCluster, proxy: Prox
     assert results[first][0] == "OK"
     assert results[second][0] == "ThrottlingQuotaExceededException"
     assert results[second][2] == THROTTLING_QUOTA_EXCEEDED_MESSAGE
-    assert _partitions(kafka_broker, second) == 30
+    assert _partitions(kafka_broker, second, 30) == 30
 
 
 @pytest.mark.timeout(120)
@@ -199,7 +213,7 @@ def test_aiokafka_admin_old_version_is_muted_not_rejected(
     assert version < 6
     assert errors == [ErrorCode.NONE, ErrorCode.NONE]
     assert throttle_ms == 20000  # 20 - 60 = -40 tokens at 2/s
-    assert all(_partitions(kafka_broker, n) == 30 for n in names)
+    assert all(_partitions(kafka_broker, n, 30) == 30 for n in names)
     assert proxy.metric("kthrottle_throttled_requests_total", {"api": "CreateTopics", "mode": "applied"}) >= 1
 
 
@@ -229,4 +243,4 @@ def test_confluent_admin_is_throttled(kafka_broker: KafkaCluster, proxy: ProxyPr
         assert any(re.search("THROTTLING_QUOTA_EXCEEDED|throttling quota", o) for o in outcomes.values())
     else:
         assert throttles.max > 0, "librdkafka never saw a throttle"
-    assert created and all(_partitions(kafka_broker, n) == 30 for n in created)
+    assert created and all(_partitions(kafka_broker, n, 30) == 30 for n in created)
