@@ -1,5 +1,6 @@
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Properties;
@@ -44,7 +45,7 @@ public class MutationAdmin {
                     .validateOnly(op.equals("validate"));
                 results.putAll(admin.createTopics(topics, options).values());
             } else if (op.equals("partitions")) {
-                Map<String, NewPartitions> topics = new HashMap<>();
+                Map<String, NewPartitions> topics = new LinkedHashMap<>();  // the order given
                 for (int i = 3; i < args.length; i++) {
                     String[] parts = args[i].split(":");
                     topics.put(parts[0], NewPartitions.increaseTo(Integer.parseInt(parts[1])));
