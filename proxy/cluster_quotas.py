@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from proxy.config import ProxyConfig
 from proxy.exchange import CompactedTopic, ExchangeMetrics, ExchangeSettings
 from proxy.throttling import QuotaEnforcer
-from quota.cluster import ClusterRates, ClusterStatus, ReportError, UsageReport, report
+from quota.cluster import ClusterRates, ReportError, UsageReport, report
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +168,7 @@ class _WallClockView:
         self.rates = rates
         self.wall_ms = wall_ms
 
-    def status(self, _now_ms: float) -> ClusterStatus:
-        return self.rates.status(self.wall_ms())
-
-    def remote_rate(self, kind: str, bucket: tuple[str, str], _now_ms: float) -> float:
-        return self.rates.remote_rate(kind, bucket, self.wall_ms())
+    def share(
+        self, kind: str, bucket: tuple[str, str], quota: float, local_rate: float, _now_ms: float
+    ) -> float:
+        return self.rates.share(kind, bucket, quota, local_rate, self.wall_ms())

@@ -91,9 +91,7 @@ class ClusterStatus:
 class ClusterView(Protocol):
     """What ByteRateQuotas asks of the exchange (ClusterRates, or an adapter of its clock)."""
 
-    def status(self, now_ms: float) -> ClusterStatus: ...
-
-    def remote_rate(self, kind: str, bucket: Bucket, now_ms: float) -> float: ...
+    def share(self, kind: str, bucket: Bucket, quota: float, local_rate: float, now_ms: float) -> float: ...
 
 
 class ClusterRates:
@@ -104,9 +102,10 @@ class ClusterRates:
         self.staleness_ms = staleness_ms
         self._started_ms = now_ms
         self._reports: dict[str, UsageReport] = {}  # other instances, latest
-        self._remote: dict[tuple[str, Bucket], float] = {}  # summed over fresh reports
+        self._remote: dict[tuple[str, Bucket], tuple[float, int]] = {}  # over fresh reports
         self._remote_at_ms = -math.inf  # when _remote was summed
         self._own_seen_ms: float | None = None  # SnapshotAt of our latest report read back
+        self._own: dict[tuple[str, Bucket], float] = {}  # its rates, as the others read them
         self._last_live = max(1, assumed_instances)  # until the exchange has told
 
     def reconfigure(self, staleness_ms: float) -> None:
@@ -116,7 +115,9 @@ class ClusterRates:
     def update(self, report: UsageReport) -> None:
         """A report read from the topic (this instance's own included: that proves the loop)."""
         if report.instance == self.instance:
-            self._own_seen_ms = max(self._own_seen_ms or -math.inf, report.at_ms)
+            if self._own_seen_ms is None or report.at_ms >= self._own_seen_ms:
+                self._own_seen_ms = report.at_ms
+                self._own = {(k, (u, c)): r for k, u, c, r in report.rates}
             return
         held = self._reports.get(report.instance)
         if held is None or report.at_ms >= held.at_ms:
@@ -162,22 +163,53 @@ class ClusterRates:
             ],
         }
 
-    def remote_rate(self, kind: str, bucket: Bucket, now_ms: float) -> float:
-        """The other instances' fresh rates for a bucket, summed (recomputed at most every 100 ms)."""
+    def _totals(self, now_ms: float) -> dict[tuple[str, Bucket], tuple[float, int]]:
+        """Per (kind, bucket): the other instances' fresh rates summed, and how many report it
+        (recomputed at most every 100 ms)."""
         if now_ms - self._remote_at_ms > 100.0 or now_ms < self._remote_at_ms:
-            totals: dict[tuple[str, Bucket], float] = {}
+            totals: dict[tuple[str, Bucket], tuple[float, int]] = {}
             for report in self._reports.values():
                 if not self._fresh(report, now_ms):
                     continue
                 for k, user, client_id, rate in report.rates:
                     key = (k, (user, client_id))
-                    totals[key] = totals.get(key, 0.0) + rate
+                    total, count = totals.get(key, (0.0, 0))
+                    totals[key] = (total + rate, count + 1)
             self._remote = totals
             self._remote_at_ms = now_ms
             stale = [i for i, r in self._reports.items() if now_ms - r.at_ms > 10 * self.staleness_ms]
             for instance in stale:  # long gone: drop, so the table stays bounded
                 del self._reports[instance]
-        return self._remote.get((kind, bucket), 0.0)
+        return self._remote
+
+    def remote_rate(self, kind: str, bucket: Bucket, now_ms: float) -> float:
+        """The other instances' fresh rates for a bucket, summed."""
+        return self._totals(now_ms).get((kind, bucket), (0.0, 0))[0]
+
+    def share(self, kind: str, bucket: Bucket, quota: float, local_rate: float, now_ms: float) -> float:
+        """This instance's part of a cluster quota, enforced on its local rate.
+
+        Fallback (exchange not trusted): quota / instances. Else, with d the rates of the
+        instances serving the bucket as last reported (this one's too: every instance computes
+        from the same figures, so the parts sum to the quota), n of them,
+        and a margin m = quota / (4 n): quota x (d_self + m) / (sum d + n m). The parts sum to
+        the quota; an instance whose clients want less than its part gives the rest to the others,
+        and when all want more the parts converge to quota / n (each step moves a fifth of the
+        way). Enforcing a part on the local rate keeps the throttle as immediate as Kafka's own,
+        where throttling the summed rate would react to the others' bursts a report late.
+        """
+        status = self.status(now_ms)
+        if status.fallback:
+            return quota / status.instances
+        if self._own_seen_ms is None:  # no report has come back yet: assume the others exist
+            return quota / status.instances
+        others, count = self._totals(now_ms).get((kind, bucket), (0.0, 0))
+        if count == 0:
+            return quota
+        n = count + 1
+        margin = quota / (4 * n)
+        mine = self._own.get((kind, bucket), 0.0)
+        return quota * (mine + margin) / (others + mine + n * margin)
 
 
 def report(instance: str, now_ms: float, rates: Iterable[tuple[str, Bucket, float]]) -> UsageReport:

@@ -123,11 +123,7 @@ class ByteRateQuotas:
             client_quota = match.quota
             if match.cluster and self.cluster is not None:
                 self.cluster_buckets.add(bucket)
-                status = self.cluster.status(now_ms)
-                if status.fallback:
-                    client_quota /= status.instances
-                else:
-                    measured += self.cluster.remote_rate(self.kind, bucket, now_ms)
+                client_quota = self.cluster.share(self.kind, bucket, client_quota, measured, now_ms)
             client_ms = throttle_time_ms(measured, client_quota, rate.window_ms(now_ms))
         rate.throttled_ms += client_ms
         part_ms = 0

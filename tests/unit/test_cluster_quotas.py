@@ -15,8 +15,13 @@ QUOTA = 3 * 1024 * 1024
 REQUEST = 64 * 1024
 
 
-def config(scope: str) -> QuotaConfig:
-    return QuotaConfig.model_validate({"clients": {"spread": {"producer_byte_rate": QUOTA, "scope": scope}}})
+def config(scope: str, window_num: int = 11) -> QuotaConfig:
+    return QuotaConfig.model_validate(
+        {
+            "window": {"num": window_num, "size_seconds": 1},
+            "clients": {"spread": {"producer_byte_rate": QUOTA, "scope": scope}},
+        }
+    )
 
 
 def simulate(
@@ -25,11 +30,12 @@ def simulate(
     offered_bps: float = 8 * 1024 * 1024,
     lag_ms: float = 50.0,
     exchange_down_from_ms: float | None = None,
+    window_num: int = 11,
 ) -> dict[str, Any]:
     """Three instances, one client each with the same client id offering ``offered_bps``; a
     client waits out the throttle it is given (KIP-219 muting). Reports every second, delivered
     to every instance (its own included) after ``lag_ms``. Returns bytes sent per second."""
-    cfg = config(scope)
+    cfg = config(scope, window_num)
     instances = []
     for i in range(3):
         q = ByteRateQuotas(cfg, produce=True, now_ms=0.0)
@@ -85,6 +91,31 @@ def test_three_instances_hold_one_client_to_the_cluster_quota() -> None:
     shared = simulate("cluster", seconds=160.0)
     assert mean_rate(shared["per_second"], 20, 160) == pytest.approx(QUOTA, rel=0.10)
     assert not shared["fallback_seen"]
+
+
+@pytest.mark.parametrize("lag_ms", [50.0, 400.0])
+def test_every_30_seconds_holds_with_a_shorter_window(lag_ms: float) -> None:
+    """Kafka's 11 x 1 s window makes a full-speed client burst and wait in ~12 s cycles, so a
+    30 s span can hold 2 or 3 bursts; with 5 x 1 s the cycles are short and every 30 s span after
+    the start is within 10%, whatever the exchange's lag."""
+    run = simulate("cluster", seconds=200.0, lag_ms=lag_ms, window_num=5)
+    spans = [mean_rate(run["per_second"], a, a + 30) / QUOTA for a in range(30, 170, 5)]
+    assert min(spans) >= 0.9 and max(spans) <= 1.1, spans
+
+
+def test_parts_sum_to_the_quota_on_every_instance() -> None:
+    """Every instance computes its part from the same reports (its own as read back)."""
+    reports = [
+        UsageReport(f"i{i}", 1000.0, (("p", "", "c", rate),)) for i, rate in enumerate([3e6, 1e6, 0.5e6])
+    ]
+    parts = []
+    for i in range(3):
+        rates = ClusterRates(f"i{i}", staleness_ms=5000.0, now_ms=0.0)
+        for r in reports:
+            rates.update(r)
+        parts.append(rates.share("p", ("", "c"), 1e6, local_rate=123.0, now_ms=1500.0))
+    assert sum(parts) == pytest.approx(1e6)
+    assert parts[0] > parts[1] > parts[2] > 0  # the busiest gets most, the quietest a margin
 
 
 def test_exchange_down_falls_back_to_quota_over_instances() -> None:
