@@ -105,3 +105,55 @@ def producer_id_storm(
         for future in futures:
             future.result(timeout=90)
     return result
+
+
+def steady_producer(
+    bootstrap: str,
+    topic: str,
+    client_id: str,
+    offered_bps: float,
+    stop: threading.Event,
+    acked: list[tuple[float, int]],
+    value_size: int = 16 * 1024,
+) -> None:
+    """librdkafka producing ``offered_bps`` of ``value_size`` values until ``stop``; appends
+    (monotonic time, bytes) per acknowledged message to ``acked``. Batches of 16 KiB, Java's
+    producer's default: what a client has in flight when its connection is muted is read after the
+    mute, so Kafka's (and the proxy's) quota lets it through on top of the quota; librdkafka's
+    default of 1 MB batches makes that a large share of quota x window."""
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "client.id": client_id,
+            "acks": "all",
+            "linger.ms": 5,
+            "batch.size": 16384,
+            "queue.buffering.max.kbytes": 4096,
+        }
+    )
+
+    def done(err: object, _msg: object) -> None:
+        if err is None:
+            acked.append((time.monotonic(), value_size))
+
+    payload = b"x" * value_size
+    began, queued = time.monotonic(), 0
+    while not stop.is_set():
+        if queued > offered_bps * (time.monotonic() - began):
+            producer.poll(0.005)
+            continue
+        try:
+            producer.produce(topic, payload, on_delivery=done)
+        except BufferError:
+            producer.poll(0.05)
+            continue
+        queued += value_size
+        producer.poll(0)
+    producer.flush(30)
+
+
+def rate_between(acked: list[tuple[float, int]], t_from: float, t_to: float) -> float:
+    """Acknowledged bytes per second in [t_from, t_to) (monotonic times)."""
+    return sum(n for at, n in acked if t_from <= at < t_to) / (t_to - t_from)

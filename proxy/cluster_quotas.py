@@ -42,7 +42,7 @@ class ClusterQuotaMetrics:
         )
         self.lag = Gauge(
             "kthrottle_cluster_quota_exchange_lag_seconds",
-            "Age of this instance's latest report when it was read back from the topic",
+            "Time from publishing this instance's latest report to reading it back from the topic",
             registry=registry,
         )
         self.report_bytes = Gauge(
@@ -130,7 +130,7 @@ class ClusterQuotaService:
         except ReportError as exc:
             log.warning("cluster quotas: report of %r skipped: %s", key, exc)
             return
-        self.rates.update(got)
+        self.rates.update(got, self.now_ms())
 
     async def _publish_loop(self) -> None:
         last_fallback: bool | None = None
@@ -148,8 +148,8 @@ class ClusterQuotaService:
             status = self.rates.status(self.now_ms())
             self.metrics.instances.set(status.instances)
             self.metrics.fallback.set(1 if status.fallback else 0)
-            if status.own_lag_ms is not None:
-                self.metrics.lag.set(max(0.0, status.own_lag_ms / 1000.0))
+            if self.rates.round_trip_ms is not None:
+                self.metrics.lag.set(max(0.0, self.rates.round_trip_ms / 1000.0))
             if status.fallback != last_fallback:
                 if status.fallback:
                     log.warning(

@@ -106,15 +106,19 @@ class ClusterRates:
         self._remote_at_ms = -math.inf  # when _remote was summed
         self._own_seen_ms: float | None = None  # SnapshotAt of our latest report read back
         self._own: dict[tuple[str, Bucket], float] = {}  # its rates, as the others read them
+        self.round_trip_ms: float | None = None  # publish to read-back of the latest own report
         self._last_live = max(1, assumed_instances)  # until the exchange has told
 
     def reconfigure(self, staleness_ms: float) -> None:
         self.staleness_ms = staleness_ms
         self._remote_at_ms = -math.inf
 
-    def update(self, report: UsageReport) -> None:
-        """A report read from the topic (this instance's own included: that proves the loop)."""
+    def update(self, report: UsageReport, now_ms: float | None = None) -> None:
+        """A report read from the topic (this instance's own included: that proves the loop;
+        ``now_ms`` then gives the exchange's round trip, ``round_trip_ms``)."""
         if report.instance == self.instance:
+            if now_ms is not None:
+                self.round_trip_ms = now_ms - report.at_ms
             if self._own_seen_ms is None or report.at_ms >= self._own_seen_ms:
                 self._own_seen_ms = report.at_ms
                 self._own = {(k, (u, c)): r for k, u, c, r in report.rates}

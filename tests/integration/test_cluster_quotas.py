@@ -17,61 +17,14 @@ import pytest
 
 from dev.harness import KafkaCluster
 from dev.proxy_process import ProxyProcess, gateway_config
+from dev.workloads import rate_between, steady_producer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 QUOTA = 3 * 1024 * 1024
 OFFERED = 4 * 1024 * 1024  # per producer: per-instance quotas would let the three do 9 MiB/s
-VALUE = 16 * 1024
 WARMUP_S = 20.0  # Kafka's window lets a new client burst first; the steady span comes after
 MEASURE_S = 30.0
-
-
-def metric(proxy: ProxyProcess, name: str) -> float:
-    status, body = proxy.admin_get("/metrics")
-    assert status == 200
-    for line in body.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"no metric {name}")
-
-
-def produce_steadily(
-    bootstrap: str, topic: str, client_id: str, stop: threading.Event, acked: list[tuple[float, int]]
-) -> None:
-    from confluent_kafka import Producer
-
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "client.id": client_id,
-            "acks": "all",
-            "linger.ms": 5,
-            # Java's producer sends 16 KiB batches by default, librdkafka up to 1 MB: a request's
-            # size against quota x window is the overshoot Kafka's throttle formula leaves.
-            "batch.size": 65536,
-            "queue.buffering.max.kbytes": 4096,
-        }
-    )
-
-    def done(err: object, msg: object) -> None:
-        if err is None:
-            acked.append((time.monotonic(), VALUE))
-
-    payload = b"x" * VALUE
-    began, queued = time.monotonic(), 0
-    while not stop.is_set():
-        if queued > OFFERED * (time.monotonic() - began):
-            producer.poll(0.005)  # offering OFFERED bytes/s, more than any quota here allows
-            continue
-        try:
-            producer.produce(topic, payload, on_delivery=done)
-        except BufferError:
-            producer.poll(0.05)
-            continue
-        queued += VALUE
-        producer.poll(0)
-    producer.flush(30)
 
 
 def test_one_client_over_three_proxies_is_held_to_the_cluster_quota(
@@ -98,14 +51,16 @@ def test_one_client_over_three_proxies_is_held_to_the_cluster_quota(
             )
             proxies.append(ProxyProcess(cfg, workdir=tmp_path / f"p{i}").start())
         deadline = time.monotonic() + 30
-        while not all(metric(p, "kthrottle_cluster_quota_instances") == 3 for p in proxies):
+        while not all(p.metric("kthrottle_cluster_quota_instances") == 3 for p in proxies):
             assert time.monotonic() < deadline, [p.log_tail(10) for p in proxies]
             time.sleep(0.5)
 
         stop = threading.Event()
         acked: list[list[tuple[float, int]]] = [[], [], []]
         threads = [
-            threading.Thread(target=produce_steadily, args=(p.bootstrap, topic, "spread", stop, acked[i]))
+            threading.Thread(
+                target=steady_producer, args=(p.bootstrap, topic, "spread", OFFERED, stop, acked[i])
+            )
             for i, p in enumerate(proxies)
         ]
         started = time.monotonic()
@@ -117,7 +72,7 @@ def test_one_client_over_three_proxies_is_held_to_the_cluster_quota(
         for t in threads:
             t.join(60)
         lo, hi = started + WARMUP_S, started + WARMUP_S + MEASURE_S
-        per_proxy = [sum(n for at, n in a if lo <= at < hi) / MEASURE_S for a in acked]
+        per_proxy = [rate_between(a, lo, hi) for a in acked]
         combined = sum(per_proxy)
         series = [
             [
@@ -130,7 +85,7 @@ def test_one_client_over_three_proxies_is_held_to_the_cluster_quota(
         # (the value bytes count a little under the request bytes the quota charges).
         assert all(rate > QUOTA * 0.1 for rate in per_proxy), (per_proxy, series, views)
         assert combined == pytest.approx(QUOTA, rel=0.15), (combined, per_proxy, series, views)
-        assert all(metric(p, "kthrottle_cluster_quota_fallback") == 0 for p in proxies)
+        assert all(p.metric("kthrottle_cluster_quota_fallback") == 0 for p in proxies)
     finally:
         for p in proxies:
             with contextlib.suppress(Exception):

@@ -94,15 +94,6 @@ def wait_for(
     raise AssertionError(f"timed out waiting for {what}\n{states}")
 
 
-def metric(proxy: ProxyProcess, name: str) -> float:
-    status, body = proxy.admin_get("/metrics")
-    assert status == 200
-    for line in body.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"no metric {name}")
-
-
 def end_offset(cluster: KafkaCluster, topic: str) -> int:
     from confluent_kafka import Consumer, TopicPartition
 
@@ -233,7 +224,7 @@ def test_volume_state_throttles_then_pauses_every_proxy_and_resumes_without_loss
         for w in writers:
             w.pump(1.0)
         assert end_offset(kafka_cluster3, topic) == before
-        assert all(metric(p, "kthrottle_volume_parked_bytes") > 0 for p in proxies)
+        assert all(p.metric("kthrottle_volume_parked_bytes") > 0 for p in proxies)
         assert not any(w.errors for w in writers), [w.errors for w in writers]
         # Fetches are never held by the volume state.
         assert len(read_all(proxies[0].bootstrap, topic, before, timeout=20)) >= before
@@ -253,7 +244,7 @@ def test_volume_state_throttles_then_pauses_every_proxy_and_resumes_without_loss
         wait_for(
             "fail-safe PAUSE on the others",
             lambda: all(
-                state_of(p)["state"] == "pause" and metric(p, "kthrottle_volume_fail_safe") == 1
+                state_of(p)["state"] == "pause" and p.metric("kthrottle_volume_fail_safe") == 1
                 for p in proxies[:2]
             ),
             timeout=STALENESS_S + 15,
@@ -287,7 +278,7 @@ def test_paused_produce_past_the_memory_bound_is_answered_retriable_and_lands_on
         writer.pump(3.0)
         assert end_offset(kafka_cluster3, topic) == 0
         assert writer.errors == []  # retriable: librdkafka retries, the application sees nothing
-        assert metric(proxy, 'kthrottle_volume_parked_requests_total{outcome="retriable"}') > 0
+        assert proxy.metric("kthrottle_volume_parked_requests_total", {"outcome": "retriable"}) > 0
         assert writer.watch.max >= 1000  # the throttle time the paused answers carry
         fill(volumes[0], 0.10)
         assert writer.flush(60) == 0
@@ -318,7 +309,7 @@ def test_describe_log_dirs_source_publishes_the_brokers_own_log_dirs(kafka_broke
         log_dir = kafka_broker.node(1).kafka_data_dir
         assert worst["volume"] == str(log_dir)
         assert worst["capacity"] > worst["consumed"] > 0
-        assert metric(proxy, 'kthrottle_volume_publications_total{broker="1"}') >= 1
-        assert metric(proxy, 'kthrottle_exchange_connected{topic="' + cfg["topic"] + '"}') == 1
+        assert proxy.metric("kthrottle_volume_publications_total", {"broker": "1"}) >= 1
+        assert proxy.metric("kthrottle_exchange_connected", {"topic": cfg["topic"]}) == 1
     finally:
         proxy.stop()
