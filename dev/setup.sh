@@ -10,7 +10,8 @@ cache=${KTHROTTLE_CACHE:-$HOME/.cache/kthrottle}
 mkdir -p "$cache"
 py=${PYTHON:-python3}
 
-hash_of() { sha256sum "$@" | sha256sum | cut -c1-12; }
+# Of the contents only: sha256sum's output names the file, which would key the cache by checkout.
+hash_of() { cat "$@" | sha256sum | cut -c1-12; }
 
 # One setup at a time per cache (parallel shells, CI and a developer on the same machine).
 exec {lock_fd}>"$cache/.setup.lock"

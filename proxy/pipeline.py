@@ -420,23 +420,9 @@ class Pipeline:
         self, frame: bytearray, header: RequestHeader, body: dict[str, Any], state: MutationState
     ) -> None:
         """Price and admit a mutation request; later requests wait until it is forwarded or answered."""
-        req_counter, bytes_counter, _resp, _lat = self.metrics.api(header.api_key)
-        req_counter.inc()
-        bytes_counter.inc(len(frame) + 4)
-        entry = InFlight(
-            header.api_key,
-            header.api_version,
-            header.correlation_id,
-            self.loop.time(),
-            None,
-            header.client_id or "",
-            0,
-            None,
-            state,
-        )
+        entry = self._held_entry(header, frame)
+        entry.mutation = state
         entry.charge_time = self.server.enforcer.request_time_charged(header.api_key)
-        if self.server.capture is not None:
-            entry.capture = CaptureDraft.of(header, len(frame))
         self.in_flight.append(entry)
         self.pause_client(_ADMISSION)
         task = self.loop.create_task(self._admission(entry, frame, header, body, state))
@@ -494,22 +480,12 @@ class Pipeline:
         ``max_park_ms`` it is answered with a retriable error, never written."""
         volume = self.server.volume
         assert volume is not None
-        req_counter, bytes_counter, _resp, _lat = self.metrics.api(header.api_key)
-        req_counter.inc()
-        bytes_counter.inc(len(frame) + 4)
-        entry: InFlight | None = None
+        held = self._held_entry(header, frame)
+        if held.capture is not None:
+            held.capture.on_produce(charge.partitions, charge.new_producer_ids, 0)
+        entry: InFlight | None = None  # acks=0: nothing to answer
         if expects_response:
-            entry = InFlight(
-                header.api_key,
-                header.api_version,
-                header.correlation_id,
-                self.loop.time(),
-                None,
-                header.client_id or "",
-            )
-            if self.server.capture is not None:
-                entry.capture = CaptureDraft.of(header, len(frame))
-                entry.capture.on_produce(charge.partitions, charge.new_producer_ids, 0)
+            entry = held
             self.in_flight.append(entry)
         if not volume.park(len(frame)):
             volume.metrics.parked.labels("retriable" if entry else "dropped").inc()
@@ -519,6 +495,23 @@ class Pipeline:
         task = self.loop.create_task(self._parked(entry, frame, header, body))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _held_entry(self, header: RequestHeader, frame: bytearray) -> InFlight:
+        """Count a request the proxy holds before forwarding (or answers itself); its FIFO entry."""
+        req_counter, bytes_counter, _resp, _lat = self.metrics.api(header.api_key)
+        req_counter.inc()
+        bytes_counter.inc(len(frame) + 4)
+        entry = InFlight(
+            header.api_key,
+            header.api_version,
+            header.correlation_id,
+            self.loop.time(),
+            None,
+            header.client_id or "",
+        )
+        if self.server.capture is not None:
+            entry.capture = CaptureDraft.of(header, len(frame))
+        return entry
 
     async def _parked(
         self, entry: InFlight | None, frame: bytearray, header: RequestHeader, body: dict[str, Any]
