@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Gauge
@@ -56,7 +57,8 @@ class ClusterQuotaMetrics:
 
 
 def default_instance() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
+    """Unique per process even where host names and pids repeat (containers run as pid 1)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 class ClusterQuotaService:
@@ -93,6 +95,7 @@ class ClusterQuotaService:
             },
         )
         self._task: asyncio.Task[None] | None = None
+        self._last_fallback: bool | None = None
 
     def now_ms(self) -> float:
         return self.wall_clock() * 1000.0
@@ -105,7 +108,7 @@ class ClusterQuotaService:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         await self.exchange.stop()
 
@@ -133,32 +136,36 @@ class ClusterQuotaService:
         self.rates.update(got, self.now_ms())
 
     async def _publish_loop(self) -> None:
-        last_fallback: bool | None = None
         while True:
             await asyncio.sleep(self.cfg.cluster_quotas.publish_interval_seconds)
-            now = self.now_ms()
-            local = self.enforcer.now_ms()
-            rates = self.enforcer.produce.cluster_rates(local) + self.enforcer.fetch.cluster_rates(local)
-            mine = report(self.instance, now, [(k, b, r) for k, b, r in rates])
-            data = mine.encode()
-            self.metrics.report_bytes.set(len(data))
-            self.metrics.buckets.set(len(mine.rates))
-            if self.exchange.connected:
-                await self.exchange.publish(self.instance.encode(), data)
-            status = self.rates.status(self.now_ms())
-            self.metrics.instances.set(status.instances)
-            self.metrics.fallback.set(1 if status.fallback else 0)
-            if self.rates.round_trip_ms is not None:
-                self.metrics.lag.set(max(0.0, self.rates.round_trip_ms / 1000.0))
-            if status.fallback != last_fallback:
-                if status.fallback:
-                    log.warning(
-                        "cluster quotas: exchange stale or down, enforcing quota / %d instances",
-                        status.instances,
-                    )
-                elif last_fallback is not None:
-                    log.info("cluster quotas: exchange back, %d instances share the quotas", status.instances)
-                last_fallback = status.fallback
+            try:
+                await self._publish_once()
+            except Exception:  # the loop must live on, or this instance falls back for good
+                log.exception("cluster quotas: publishing failed")
+
+    async def _publish_once(self) -> None:
+        """Report this instance's rates; export the exchange's state; log fallback changes."""
+        local = self.enforcer.now_ms()
+        rates = self.enforcer.produce.cluster_rates(local) + self.enforcer.fetch.cluster_rates(local)
+        mine = report(self.instance, self.now_ms(), rates)
+        data = mine.encode()
+        self.metrics.report_bytes.set(len(data))
+        self.metrics.buckets.set(len(mine.rates))
+        if self.exchange.connected:
+            await self.exchange.publish(self.instance.encode(), data)
+        status = self.rates.status(self.now_ms())
+        self.metrics.instances.set(status.instances)
+        self.metrics.fallback.set(1 if status.fallback else 0)
+        if self.rates.round_trip_ms is not None:
+            self.metrics.lag.set(max(0.0, self.rates.round_trip_ms / 1000.0))
+        if status.fallback != self._last_fallback:
+            if status.fallback:
+                log.warning(
+                    "cluster quotas: exchange stale or down, enforcing quota / %d instances", status.instances
+                )
+            elif self._last_fallback is not None:
+                log.info("cluster quotas: exchange back, %d instances share the quotas", status.instances)
+            self._last_fallback = status.fallback
 
 
 class _WallClockView:

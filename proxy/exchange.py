@@ -142,8 +142,10 @@ class CompactedTopic:
             await producer.send_and_wait(self.topic, value, key=key)
         except Exception as exc:  # any client error: counted, logged, retried at the next interval
             self._publish_errors.inc()
+            self._connected.set(0)  # the client reconnects by itself; say so meanwhile
             log.warning("exchange %s: publication failed: %s", self.topic, exc)
             return False
+        self._connected.set(1)
         return True
 
     async def _run(self) -> None:
@@ -171,6 +173,7 @@ class CompactedTopic:
             bootstrap_servers=s.bootstrap_servers,
             client_id="kthrottle-exchange",
             acks="all",
+            compression_type="gzip",  # reports repeat names: a large one shrinks several times
             request_timeout_ms=s.request_timeout_ms,
             **s.client_kwargs,
         )

@@ -178,6 +178,10 @@ class Pipeline:
         self._mute_until = 0.0
         self._mute_handle: asyncio.TimerHandle | None = None
         self._pending_throttles = 0  # throttled produce requests whose response is still to come
+        # A parked produce of this connection waited max_park_ms in vain: while PAUSE lasts, the
+        # produce requests read after it are answered at once (each waiting a full park in turn
+        # would take them past the client's request timeout).
+        self._park_timed_out = False
         self._last_response_at = 0.0
         self.held: deque[bytearray] = deque()  # requests read while the connection was muted
         self._tasks: set[asyncio.Task[None]] = set()
@@ -355,6 +359,7 @@ class Pipeline:
                 if verdict.state is VolumeState.PAUSE and not enforcer.dry_run:
                     self._park(frame, header, body, expects_response, charge)
                     return
+                self._park_timed_out = False
                 decided = max(decided, verdict.delay_ms)
             throttle_ms = 0 if enforcer.dry_run else decided
             if self.server.capture is not None:
@@ -487,14 +492,20 @@ class Pipeline:
         if expects_response:
             entry = held
             self.in_flight.append(entry)
+        if self._park_timed_out:
+            volume.metrics.parked.labels("retriable" if entry else "dropped").inc()
+            self._paused_answer(entry, header, body, "an earlier request waited its park out", mute=False)
+            return
         if not volume.park(len(frame)):
             volume.metrics.parked.labels("retriable" if entry else "dropped").inc()
             self._paused_answer(entry, header, body, "the proxy's memory for parked requests is full")
             return
         self.pause_client(_VOLUME_PAUSE)
-        task = self.loop.create_task(self._parked(entry, frame, header, body))
+        outcome = ["closed"]  # set by _parked; the bytes are released however the task ends
+        task = self.loop.create_task(self._parked(entry, frame, header, body, charge.throttle_ms, outcome))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _t: volume.unpark(len(frame), outcome[0]))
 
     def _held_entry(self, header: RequestHeader, frame: bytearray) -> InFlight:
         """Count a request the proxy holds before forwarding (or answers itself); its FIFO entry."""
@@ -514,37 +525,50 @@ class Pipeline:
         return entry
 
     async def _parked(
-        self, entry: InFlight | None, frame: bytearray, header: RequestHeader, body: dict[str, Any]
+        self,
+        entry: InFlight | None,
+        frame: bytearray,
+        header: RequestHeader,
+        body: dict[str, Any],
+        quota_throttle_ms: int,
+        outcome: list[str],
     ) -> None:
         volume = self.server.volume
         assert volume is not None
-        outcome = "closed"
         try:
             resumed = await volume.wait_unpaused(volume.vcfg.max_park_ms / 1000.0)
             if self.closed:
                 return  # never forwarded: the client retries it on a new connection
             if resumed:
-                outcome = "forwarded"
+                outcome[0] = "forwarded"
+                # Throttled as any produce now: its byte-rate charge, and the volumes' delay.
+                throttle_ms = max(quota_throttle_ms, volume.verdict().delay_ms)
                 if entry is not None:
                     entry.sent_at = self.loop.time()
+                    if throttle_ms:
+                        entry.throttle_ms = throttle_ms
+                        entry.holds_reads = True
+                        self._pending_throttles += 1
+                        self.pause_client(_THROTTLE_PENDING)
+                elif throttle_ms:
+                    self.mute(throttle_ms)
                 if self.upstream is None:
                     self.pending.append(frame)
                 else:
                     self._forward(frame)
             else:
-                outcome = "retriable" if entry is not None else "dropped"
+                outcome[0] = "retriable" if entry is not None else "dropped"
+                self._park_timed_out = True
                 self._paused_answer(entry, header, body, f"parked {volume.vcfg.max_park_ms} ms")
         except Exception:  # a bug here must not leave the connection held forever
             log.exception("conn %d: parked produce failed", self.id)
             self.close("parked produce failed")
             return
-        finally:
-            volume.unpark(len(frame), outcome)
         self._client_pauses.discard(_VOLUME_PAUSE)
         self._release_held()
 
     def _paused_answer(
-        self, entry: InFlight | None, header: RequestHeader, body: dict[str, Any], why: str
+        self, entry: InFlight | None, header: RequestHeader, body: dict[str, Any], why: str, mute: bool = True
     ) -> None:
         """Answer a produce the proxy did not forward: retriable NOT_ENOUGH_REPLICAS for every
         partition and a throttle time, so the client backs off and retries; acks=0 gets nothing."""
@@ -569,7 +593,7 @@ class Pipeline:
             messages.produce_error_response(body, ErrorCode.NOT_ENOUGH_REPLICAS, PAUSED_MESSAGE, throttle_ms),
         )
         entry.local_response = bytes(payload)
-        entry.throttle_ms = throttle_ms
+        entry.throttle_ms = throttle_ms if mute else 0  # the answer carries it either way
         self._flush_local()
 
     def _emit(

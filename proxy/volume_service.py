@@ -98,7 +98,13 @@ class VolumeService:
         self.quotas = VolumeQuotas(self.vcfg.options(), self.now_ms())
         self.metrics = VolumeMetrics(registry)
         self.exchange = CompactedTopic(
-            ExchangeSettings.of(cfg), self.vcfg.topic, self._on_record, ExchangeMetrics(registry)
+            ExchangeSettings.of(cfg),
+            self.vcfg.topic,
+            self._on_record,
+            ExchangeMetrics(registry),
+            # Roll segments hourly so compaction keeps the topic to about one snapshot per
+            # broker, and a proxy starting reads little before it knows the state.
+            topic_configs={"segment.ms": "3600000", "delete.retention.ms": "600000"},
         )
         self.parked_bytes = 0
         self._unpaused = asyncio.Event()
@@ -123,7 +129,7 @@ class VolumeService:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.exchange.stop()
 
@@ -221,7 +227,10 @@ class VolumeService:
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(_TICK_SECONDS)
-            self._refresh()
+            try:
+                self._refresh()
+            except Exception:  # never let the evaluation loop die: parked requests wait on it
+                log.exception("volume: re-evaluation failed")
 
     # --- live brokers and publishing --------------------------------------------------------------
 
@@ -232,14 +241,17 @@ class VolumeService:
                 nodes = await fetch_brokers(
                     upstream_addresses(self.cfg), self.cfg.connect_timeout_seconds, self.credentials()
                 )
-            except (ConnectionError, OSError) as exc:
+            except Exception as exc:  # a broker mid-restart may answer anything
                 log.warning("volume: live brokers unknown: %s", exc)
                 nodes = None
-            if nodes is not None:
-                self.quotas.set_live_brokers([n for n, _h, _p in nodes], self.now_ms())
-                self._refresh()
-                if self.vcfg.source.publish:
-                    await self._publish(nodes)
+            try:
+                if nodes is not None:
+                    self.quotas.set_live_brokers([n for n, _h, _p in nodes], self.now_ms())
+                    self._refresh()
+                    if self.vcfg.source.publish:
+                        await self._publish(nodes)
+            except Exception:  # the loop must live on: without it every proxy fails safe
+                log.exception("volume: publishing failed")
             await asyncio.sleep(self.vcfg.publish_interval_seconds)
 
     async def _publish(self, nodes: list[tuple[int, str, int]]) -> None:
@@ -262,9 +274,9 @@ class VolumeService:
                     usage = await describe_log_dirs_usage(
                         host, port, self.cfg.connect_timeout_seconds, self.credentials()
                     )
-                except (ConnectionError, OSError, TimeoutError) as exc:
+                except Exception as exc:  # closed mid-answer, undecodable answer, ...
                     self.metrics.measure_errors.inc()
-                    log.warning("volume: DescribeLogDirs of broker %d failed: %s", node_id, exc)
+                    log.warning("volume: DescribeLogDirs of broker %d failed: %r", node_id, exc)
                     continue
                 measured.append((node_id, usage))
         for broker_id, usage in measured:

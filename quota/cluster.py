@@ -143,7 +143,8 @@ class ClusterRates:
         if trusted:
             self._last_live = live
         elif own is None and now_ms - self._started_ms <= self.staleness_ms:
-            trusted = True  # just started: the first report has not come back yet
+            # Just started: the first report has not come back yet, nor maybe the others'.
+            return ClusterStatus(max(live, self._last_live), False, lag)
         return ClusterStatus(live if trusted else self._last_live, not trusted, lag)
 
     def describe(self, now_ms: float) -> dict[str, object]:

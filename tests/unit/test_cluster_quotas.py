@@ -128,7 +128,8 @@ def test_exchange_down_falls_back_to_quota_over_instances() -> None:
 
 def test_status_trusts_the_exchange_only_while_its_own_reports_come_back() -> None:
     rates = ClusterRates("me", staleness_ms=5000.0, now_ms=0.0, assumed_instances=4)
-    assert rates.status(1000.0).fallback is False  # just started: grace of one staleness
+    start = rates.status(1000.0)
+    assert start.fallback is False and start.instances == 4  # just started: others assumed
     s = rates.status(6000.0)
     assert s.fallback is True and s.instances == 4  # never heard back: the assumed count
     rates.update(UsageReport("other", 6000.0, (("p", "", "c", 100.0),)))
