@@ -309,25 +309,23 @@ class KafkaSink:
             self._in_flight -= 1
             self._cond.notify_all()
 
+    def _settle(self, size: int) -> bool:
+        """Sender thread: a record's send is over; False once closed (close counted it already)."""
+        with self._cond:  # re-entrant: _release takes it again
+            if self._closed:
+                return False
+            self._release(size)
+            return True
+
     def _acked(self, size: int, _metadata: object) -> None:
         """Sender thread: the brokers have the record."""
-        with self._cond:
-            if self._closed:
-                return
-            self._buffered_bytes -= size
-            self._in_flight -= 1
-            self._cond.notify_all()
-        self.metrics.capture_records.inc()
+        if self._settle(size):
+            self.metrics.capture_records.inc()
 
     def _failed(self, size: int, exc: BaseException) -> None:
         """Sender thread: the record's delivery failed."""
-        with self._cond:
-            if self._closed:
-                return
-            self._buffered_bytes -= size
-            self._in_flight -= 1
-            self._cond.notify_all()
-        self._error(1, f"delivery failed: {exc!r}")
+        if self._settle(size):
+            self._error(1, f"delivery failed: {exc!r}")
 
     def _error(self, n: int, why: str) -> None:
         self.metrics.capture_errors.inc(n)

@@ -416,10 +416,7 @@ class Pipeline:
             self.in_flight.append(entry)
         elif draft is not None:  # acks=0: no response to wait for
             self._emit(draft, key, version, client_id, throttle_ms, upstream_ms=-1.0)
-        if self.upstream is None:
-            self.pending.append(frame)
-        else:
-            self._forward(frame)
+        self._send(frame)
 
     def _admit(
         self, frame: bytearray, header: RequestHeader, body: dict[str, Any], state: MutationState
@@ -461,10 +458,7 @@ class Pipeline:
                 rewritten = admission.upstream_request(state, body)
                 if rewritten is not None:
                     frame = bytearray(frame[: header.size]) + admission.encode_request(state, rewritten)
-                if self.upstream is None:
-                    self.pending.append(frame)
-                else:
-                    self._forward(frame)
+                self._send(frame)
         except Exception:  # a bug here must not leave the connection held forever
             log.exception("conn %d: mutation admission failed", self.id)
             self.close("mutation admission failed")
@@ -552,10 +546,7 @@ class Pipeline:
                         self.pause_client(_THROTTLE_PENDING)
                 elif throttle_ms:
                     self.mute(throttle_ms)
-                if self.upstream is None:
-                    self.pending.append(frame)
-                else:
-                    self._forward(frame)
+                self._send(frame)
             else:
                 outcome[0] = "retriable" if entry is not None else "dropped"
                 self._park_timed_out = True
@@ -661,6 +652,13 @@ class Pipeline:
     @property
     def _holding(self) -> bool:
         return bool(self._client_pauses & _HOLD_REASONS)
+
+    def _send(self, frame: bytes | bytearray) -> None:
+        """Forward a request, or queue it until the upstream connection is up."""
+        if self.upstream is None:
+            self.pending.append(frame)
+        else:
+            self._forward(frame)
 
     def _forward(self, frame: bytes | bytearray) -> None:
         assert self.upstream is not None
