@@ -75,7 +75,7 @@ def capture_export(args: argparse.Namespace) -> int:
             cfg = load_config(args.config)
             bootstrap = capture_bootstrap(cfg)
             topic = topic or cfg.capture.kafka.topic
-            secure = security(cfg.upstream_sasl)
+            secure = security(cfg)
     except (ConfigError, OSError) as exc:
         print(f"kthrottle: {exc}", file=sys.stderr)
         return 2
