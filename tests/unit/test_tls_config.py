@@ -32,7 +32,7 @@ def test_sni_needs_tls_and_names() -> None:
         "gateway: {upstream_bootstrap: ['127.0.0.1:9092'], sni: {enabled: true, bootstrap_host: k.example,"
         " broker_host_template: 'b{node_id}.k.example'}}\n"
     )
-    with pytest.raises(ConfigError, match="gateway.sni needs tls.enabled"):
+    with pytest.raises(ConfigError, match=r"gateway\.sni needs tls\.enabled"):
         parse_config(text)
     bad = "gateway: {upstream_bootstrap: ['127.0.0.1:9092'], sni: {enabled: true, bootstrap_host: k}}\n"
     with pytest.raises(
@@ -45,7 +45,7 @@ def test_listener_tls_validation_names_the_line() -> None:
     text = GATEWAY + "tls:\n  enabled: true\n  certfile: /x.crt\n  keyfile: /x.key\n  client_auth: required\n"
     with pytest.raises(ConfigError, match=r":2: tls: .*client_auth required needs cafile"):
         parse_config(text)
-    with pytest.raises(ConfigError, match="tls.enabled needs certfile"):
+    with pytest.raises(ConfigError, match=r"tls\.enabled needs certfile"):
         parse_config(GATEWAY + "tls: {enabled: true}\n")
     with pytest.raises(ConfigError, match="invalid rule"):
         parse_config(
@@ -57,7 +57,7 @@ def test_listener_tls_validation_names_the_line() -> None:
 
 def test_missing_files_refused_at_start_with_their_names(tmp_path: Path) -> None:
     cfg = ListenerTls(enabled=True, certfile=tmp_path / "none.crt", keyfile=tmp_path / "none.key")
-    with pytest.raises(TlsConfigError, match="none.crt"):
+    with pytest.raises(TlsConfigError, match=r"none\.crt"):
         ListenerTlsContext(cfg)
 
 
