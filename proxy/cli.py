@@ -176,7 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     loop_kind = _install_uvloop()
     log.info("kthrottle starting (%s mode, %s)", cfg.mode, loop_kind)
-    asyncio.run(serve(cfg, args.ready_file, args.config))
+    from proxy.tls import TlsConfigError
+
+    try:
+        asyncio.run(serve(cfg, args.ready_file, args.config))
+    except TlsConfigError as exc:
+        log.error("%s", exc)
+        return 2
     return 0
 
 
