@@ -213,6 +213,7 @@ class Pipeline:
         tls = self.server.tls
         if tls is None or ssl_object is None:
             return True
+        tls.completed(ssl_object)
         try:
             self.user = tls.principal(ssl_object)
         except NoMatchingRule as exc:

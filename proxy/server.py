@@ -15,6 +15,7 @@ from proxy.config import ProxyConfig
 from proxy.metrics import ProxyMetrics
 from proxy.pipeline import Pipeline, _ClientProtocol
 from proxy.quota_metrics import QuotaCollector
+from proxy.ratelog import RateLimitedLog
 from proxy.throttling import QuotaEnforcer
 from proxy.tls import ListenerTlsContext, upstream_context
 from proxy.topic_catalog import TopicCatalog
@@ -23,6 +24,7 @@ from proxy.volume_service import VolumeService
 from quota.entities import any_cluster_scope
 
 log = logging.getLogger(__name__)
+handshake_log = RateLimitedLog(log)
 
 
 @dataclass
@@ -41,7 +43,7 @@ class ProxyServer:
         self.cfg = cfg
         self.metrics = metrics or ProxyMetrics()
         # TLS files that do not load refuse the start (TlsConfigError names them).
-        self.tls = ListenerTlsContext(cfg.tls) if cfg.tls.enabled else None
+        self.tls = ListenerTlsContext(cfg.tls, on_failure=self._handshake_failed) if cfg.tls.enabled else None
         self.upstream_tls = upstream_context(cfg.upstream_tls)
         self.brokers = BrokerDirectory(cfg, on_new_node=self._on_new_node)
         self.enforcer = QuotaEnforcer(cfg.quotas, self.metrics)
@@ -225,6 +227,16 @@ class ProxyServer:
         if pipeline in self.pipelines:
             self.pipelines.discard(pipeline)
             self.metrics.connections_active.labels(pipeline.listener.name).dec()
+
+    def _handshake_failed(self) -> None:
+        """A client's TLS handshake failed: the client saw the TLS alert; the operator sees this."""
+        self.metrics.tls_handshake_failures.inc()
+        handshake_log.log(
+            logging.WARNING,
+            "tls",
+            "a client TLS handshake failed (its certificate refused, no certificate where one is "
+            "required, or the connection closed mid-handshake)",
+        )
 
     def port_of(self, name: str) -> int:
         return self.listeners[name].port

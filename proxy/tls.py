@@ -15,6 +15,7 @@ import logging
 import os
 import ssl
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -119,10 +120,23 @@ class ReloadingContext:
 
 
 class ListenerTlsContext:
-    """What the client-facing listeners hand to ``create_server``, and what they read back."""
+    """What the client-facing listeners hand to ``create_server``, and what they read back.
 
-    def __init__(self, cfg: ListenerTls, clock: Callable[[], float] = time.monotonic) -> None:
+    A handshake that fails (a certificate refused, a client that does not speak TLS) ends inside
+    the event loop, which says nothing of it. So each handshake is registered when its
+    ClientHello arrives and ticked off when the connection is made; one whose TLS object is
+    dropped before that failed, and ``on_failure`` hears of it.
+    """
+
+    def __init__(
+        self,
+        cfg: ListenerTls,
+        clock: Callable[[], float] = time.monotonic,
+        on_failure: Callable[[], None] | None = None,
+    ) -> None:
         self.cfg = cfg
+        self.on_failure = on_failure
+        self._pending: dict[int, weakref.ref[Any]] = {}
         self.mapper = PrincipalMapper(cfg.principal_mapping_rules)
         self.files = ReloadingContext(cfg, server_context, "client listener", clock)
         # The listening context itself: verify mode and first certificates; every handshake then
@@ -133,6 +147,20 @@ class ListenerTlsContext:
     def _hello(self, ssl_object: Any, server_name: str | None, _context: ssl.SSLContext) -> None:
         ssl_object.context = self.files.current()
         setattr(ssl_object, _SERVER_NAME, server_name)
+        key = id(ssl_object)
+        self._pending[key] = weakref.ref(ssl_object, lambda _ref: self._dropped(key))
+
+    def _dropped(self, key: int) -> None:
+        if self._pending.pop(key, None) is not None and self.on_failure is not None:
+            self.on_failure()
+
+    def completed(self, ssl_object: Any) -> None:
+        """The handshake of this connection succeeded."""
+        self._pending.pop(id(ssl_object), None)
+
+    @property
+    def handshakes_under_way(self) -> int:
+        return len(self._pending)
 
     def principal(self, ssl_object: Any) -> str:
         """The principal of a connection's client certificate (ANONYMOUS without one); raises

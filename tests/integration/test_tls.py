@@ -181,6 +181,9 @@ def test_wrong_or_missing_certificate_refused(tls_cluster: KafkaCluster, pki: Pk
         host, port = proxy.bootstrap.split(":")
         with pytest.raises((ssl.SSLError, ConnectionError)):
             _handshake_and_read(context, host, int(port))
+        # The operator sees the refusals: counted and logged (the good handshakes are not).
+        assert proxy.metric("kthrottle_tls_handshake_failures_total") >= 3
+        assert "client TLS handshake failed" in proxy.log_text()
 
 
 def _handshake_and_read(context: ssl.SSLContext, host: str, port: int) -> None:
