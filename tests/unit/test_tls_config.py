@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import ssl
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,25 @@ def test_changed_files_reload_and_bad_ones_keep_the_last_good(tmp_path: Path) ->
     ca.issue("server", "proxy-3", dns=("localhost",))
     now[0] = 30.0
     assert reloading.current() is not rotated and reloading.reloads == 2
+
+
+def test_proxy_own_clients_use_upstream_tls(tmp_path: Path) -> None:
+    """The state exchange (aiokafka) and the capture sink (kafka-python) reach TLS brokers with
+    the upstream TLS settings, with SASL on top when the proxy has a login."""
+    from proxy.capture_kafka import security
+    from proxy.exchange import ExchangeSettings
+
+    ca = CertificateAuthority(tmp_path / "ca")
+    own = ca.issue("proxy", "kthrottle-proxy")
+    text = GATEWAY + (
+        f"upstream_tls: {{enabled: true, cafile: {ca.cert_path}, certfile: {own.cert}, keyfile: {own.key}}}\n"
+    )
+    cfg = parse_config(text)
+    exchange = ExchangeSettings.of(cfg)
+    assert exchange.client_kwargs["security_protocol"] == "SSL"
+    assert isinstance(exchange.client_kwargs["ssl_context"], ssl.SSLContext)
+    assert security(cfg)["security_protocol"] == "SSL" and "ssl_context" in security(cfg)
+    with_login = parse_config(text + "upstream_sasl: {username: kthrottle, password: pw}\n")
+    assert ExchangeSettings.of(with_login).client_kwargs["security_protocol"] == "SASL_SSL"
+    assert security(with_login)["security_protocol"] == "SASL_SSL"
+    assert security(parse_config(GATEWAY)) == {"security_protocol": "PLAINTEXT"}
