@@ -25,6 +25,7 @@ from quota.entities import any_cluster_scope
 
 log = logging.getLogger(__name__)
 handshake_log = RateLimitedLog(log)
+EXPIRY_SWEEP_SECONDS = 5.0  # how often idle quota state is looked for without traffic
 
 
 @dataclass
@@ -68,6 +69,7 @@ class ProxyServer:
         self.draining = False
         self.upstream_ready = False
         self._refresh_task: asyncio.Task[None] | None = None
+        self._expiry_task: asyncio.Task[None] | None = None
         self._opening: dict[int, asyncio.Task[None]] = {}
 
     def _capture_writer(self, cfg: ProxyConfig) -> CaptureWriter:
@@ -93,6 +95,7 @@ class ProxyServer:
             await self._open("sidecar", cfg.sidecar.listen_port, None)
             await self._refresh_brokers(required=False)
         self._refresh_task = asyncio.get_running_loop().create_task(self._refresh_loop())
+        self._expiry_task = asyncio.get_running_loop().create_task(self._expiry_loop())
         if self.volume is not None:
             self.volume.start()
         if self.cluster_quotas is not None:
@@ -177,6 +180,14 @@ class ProxyServer:
         for node_id, host, port in nodes:
             self.brokers.learn(node_id, host, port)
 
+    async def _expiry_loop(self) -> None:
+        while True:
+            await asyncio.sleep(EXPIRY_SWEEP_SECONDS)
+            try:
+                self.enforcer.expire_idle()
+            except Exception:  # never let the sweep die: memory would grow unbounded
+                log.exception("quota state expiry failed")
+
     async def _refresh_loop(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.metadata_refresh_seconds if self.upstream_ready else 1.0)
@@ -199,10 +210,11 @@ class ProxyServer:
             await asyncio.sleep(0.05)
         for pipeline in list(self.pipelines):
             pipeline.close(f"drain grace of {grace}s over with {len(pipeline.in_flight)} requests in flight")
-        if self._refresh_task is not None:
-            self._refresh_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresh_task
+        for task in (self._refresh_task, self._expiry_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for task in list(self._opening.values()):
             task.cancel()
         for listener in self.listeners.values():
