@@ -73,8 +73,11 @@ def expand(value: str, args: dict[str, str]) -> str:
     return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args.get(m.group(1) or m.group(2), m.group(0)), value)
 
 
+Parsed = tuple[dict[str, str], list[Stage]]
+
+
 @pytest.fixture(scope="module")
-def dockerfile() -> tuple[dict[str, str], list[Stage]]:
+def dockerfile() -> Parsed:
     return parse(DOCKERFILE.read_text(encoding="utf-8"))
 
 
@@ -88,7 +91,7 @@ def test_hadolint_finds_nothing(hadolint: str) -> None:
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
 
 
-def test_multi_stage_with_a_slim_python_311_final_stage(dockerfile: tuple[dict[str, str], list[Stage]]) -> None:
+def test_multi_stage_with_a_slim_python_311_final_stage(dockerfile: Parsed) -> None:
     args, stages = dockerfile
     assert len(stages) >= 2
     builder, final = stages[0], stages[-1]
@@ -100,7 +103,7 @@ def test_multi_stage_with_a_slim_python_311_final_stage(dockerfile: tuple[dict[s
     assert copies == ["--from=builder /opt/kthrottle /opt/kthrottle"]
 
 
-def test_final_stage_runs_as_a_fixed_non_root_uid(dockerfile: tuple[dict[str, str], list[Stage]]) -> None:
+def test_final_stage_runs_as_a_fixed_non_root_uid(dockerfile: Parsed) -> None:
     _, stages = dockerfile
     final = stages[-1]
     local = {k: v for k, _, v in (a.partition("=") for a in final.args_of("ARG"))}
@@ -113,11 +116,21 @@ def test_final_stage_runs_as_a_fixed_non_root_uid(dockerfile: tuple[dict[str, st
     assert all(ins != "USER" for ins, _ in final.instructions[last_user + 1 :])
 
 
-def test_final_stage_has_no_compilers_or_build_tools(dockerfile: tuple[dict[str, str], list[Stage]]) -> None:
+def test_final_stage_has_no_compilers_or_build_tools(dockerfile: Parsed) -> None:
     _, stages = dockerfile
     final = stages[-1]
     text = " ".join(a for _, a in final.instructions).lower()
-    for tool in ("gcc", "g++", "build-essential", "make ", "clang", "apt-get install", "pip install", "cargo"):
+    build_tools = (
+        "gcc",
+        "g++",
+        "build-essential",
+        "make ",
+        "clang",
+        "apt-get install",
+        "pip install",
+        "cargo",
+    )
+    for tool in build_tools:
         assert tool not in text, f"final stage mentions {tool!r}"
     assert "-slim" in final.base
     # The builder installs the project with uvloop (a core dependency) and checks it imports.
@@ -127,14 +140,15 @@ def test_final_stage_has_no_compilers_or_build_tools(dockerfile: tuple[dict[str,
     assert any(d.startswith("uvloop") and "linux" not in d.split(";")[-1] for d in deps)
 
 
-def test_healthcheck_entrypoint_and_stop_signal(dockerfile: tuple[dict[str, str], list[Stage]]) -> None:
+def test_healthcheck_entrypoint_and_stop_signal(dockerfile: Parsed) -> None:
     _, stages = dockerfile
     final = stages[-1]
     (health,) = final.args_of("HEALTHCHECK")
     exec_form = json.loads(health[health.index("CMD") + 3 :].strip())
     assert exec_form[:2] == ["python", "-c"]
     assert "urllib.request" in exec_form[2] and "/healthz" in exec_form[2]
-    assert "KTHROTTLE_ADMIN_PORT" in exec_form[2] and "KTHROTTLE_ADMIN_PORT=9644" in " ".join(final.args_of("ENV"))
+    assert "KTHROTTLE_ADMIN_PORT" in exec_form[2]
+    assert "KTHROTTLE_ADMIN_PORT=9644" in " ".join(final.args_of("ENV"))
     # The probe's Python snippet compiles.
     compile(exec_form[2], "<healthcheck>", "exec")
     assert json.loads(final.args_of("ENTRYPOINT")[-1]) == ["kthrottle"]
@@ -167,7 +181,7 @@ def _builder_sources(stages: list[Stage]) -> list[str]:
 
 
 def test_dockerignore_lets_the_build_context_hold_what_the_builder_copies(
-    dockerfile: tuple[dict[str, str], list[Stage]],
+    dockerfile: Parsed,
 ) -> None:
     _, stages = dockerfile
     patterns = [
@@ -183,9 +197,7 @@ def test_dockerignore_lets_the_build_context_hold_what_the_builder_copies(
         assert _ignored(kept_out, patterns), f"{kept_out} would be sent to the Docker daemon"
 
 
-def test_the_builders_wheel_from_the_copied_files_runs_kthrottle(
-    dockerfile: tuple[dict[str, str], list[Stage]], tmp_path: Path
-) -> None:
+def test_the_builders_wheel_from_the_copied_files_runs_kthrottle(dockerfile: Parsed, tmp_path: Path) -> None:
     """The builder's steps without Docker: copy what its COPY lines copy, build the wheel, install
     it with no access to the checkout, and run its `kthrottle` console script."""
     _, stages = dockerfile
