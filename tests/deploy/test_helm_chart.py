@@ -504,3 +504,19 @@ def test_sidecar_template_from_a_parent_chart(helm: str, tmp_path: Path) -> None
     config_map = find(docs, "ConfigMap", "rel-kthrottle-config")
     assert files["kthrottle.yaml"] == (config_map["metadata"]["name"], "kthrottle.yaml")
     assert yaml.safe_load(config_map["data"]["kthrottle.yaml"])["mode"] == "sidecar"
+
+
+@pytest.mark.parametrize("values", list(VALUES), ids=list(VALUES))
+def test_install_dry_run_prints_the_notes(helm: str, values: str) -> None:
+    cmd = [helm, "install", "rel", str(CHART), "--namespace", "kafka", "--dry-run=client"]
+    if VALUES[values] is not None:
+        cmd += ["-f", str(VALUES[values])]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert "kthrottle_config_reloads_total" in notes
+    if values == "gateway":
+        assert "Clients bootstrap from kafka-proxy.example.com:9092" in notes
+        assert "node 4 -> port 19004" in notes
+    if values == "sidecar":
+        assert "bootstrap rel-kthrottle-kafka.kafka.svc:9092" in notes
