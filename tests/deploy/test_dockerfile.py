@@ -13,8 +13,10 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,3 +259,47 @@ def test_the_builders_wheel_from_the_copied_files_runs_kthrottle(dockerfile: Par
         cwd=tmp_path,
     )
     assert where.stdout.strip().startswith(str(target)), where.stdout + where.stderr
+
+
+def test_healthcheck_and_stop_signal_against_a_running_proxy(dockerfile: Parsed, tmp_path: Path) -> None:
+    """The image's HEALTHCHECK command, as Docker runs it, passes against a running kthrottle; the
+    STOPSIGNAL makes it drain and exit 0; then the health check fails."""
+    _, stages = dockerfile
+    final = stages[-1]
+    (health,) = final.args_of("HEALTHCHECK")
+    command = json.loads(health[health.index("CMD") + 3 :].strip())
+    signal_name = final.args_of("STOPSIGNAL")[-1]
+    config = tmp_path / "kthrottle.yaml"
+    config.write_text(
+        "mode: gateway\nbind_host: 127.0.0.1\ndrain_seconds: 1\n"
+        "admin: {host: 127.0.0.1, port: 0}\n"
+        "gateway: {bootstrap_port: 0, upstream_bootstrap: ['127.0.0.1:1']}\n"
+    )
+    ready = tmp_path / "ready.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    log = (tmp_path / "proxy.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy.cli", "run", "--config", str(config), "--ready-file", str(ready)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        for _ in range(300):  # up to 30 s for the proxy to come up
+            if ready.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert ready.exists(), f"the proxy did not start: {(tmp_path / 'proxy.log').read_text()}"
+        admin_port = json.loads(ready.read_text())["admin_port"]
+        check_env = dict(env, KTHROTTLE_ADMIN_PORT=str(admin_port))
+        healthy = subprocess.run(command, env=check_env, capture_output=True, text=True, timeout=30)
+        assert healthy.returncode == 0, healthy.stderr
+        proc.send_signal(getattr(signal, signal_name))
+        assert proc.wait(timeout=60) == 0
+        stopped = subprocess.run(command, env=check_env, capture_output=True, text=True, timeout=30)
+        assert stopped.returncode != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        log.close()
