@@ -15,13 +15,12 @@ ARG DEBIAN_RELEASE=bookworm
 FROM python:${PYTHON_VERSION}-${DEBIAN_RELEASE} AS builder
 ARG PIP_VERSION=25.3
 ARG SETUPTOOLS_VERSION=80.9.0
-ARG WHEEL_VERSION=0.45.1
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 RUN python -m venv /opt/kthrottle \
     && /opt/kthrottle/bin/pip install "pip==${PIP_VERSION}" \
-    && python -m pip install "pip==${PIP_VERSION}" "setuptools==${SETUPTOOLS_VERSION}" "wheel==${WHEEL_VERSION}"
+    && python -m pip install "pip==${PIP_VERSION}" "setuptools==${SETUPTOOLS_VERSION}"
 COPY pyproject.toml README.md ./
 COPY protocol ./protocol
 COPY quota ./quota
