@@ -520,3 +520,20 @@ def test_install_dry_run_prints_the_notes(helm: str, values: str) -> None:
         assert "node 4 -> port 19004" in notes
     if values == "sidecar":
         assert "bootstrap rel-kthrottle-kafka.kafka.svc:9092" in notes
+
+
+@pytest.mark.parametrize(
+    ("setting", "complaint"),
+    [
+        ("gateway.replica=3", "additional properties 'replica' not allowed"),  # a typo
+        ("tls.clientAuth=yes", "value must be one of"),
+        ("mode=proxy", "value must be one of"),
+        ("gateway.brokers.ports.x=1", "additional properties 'x' not allowed"),
+        ("config.quotas.users.a.producer_byte_rate=1", "/config"),  # quotas belong in .quotas
+    ],
+)
+def test_values_schema_refuses_mistakes(helm: str, setting: str, complaint: str) -> None:
+    result = subprocess.run(
+        [helm, "template", "rel", str(CHART), "--set", setting], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0 and complaint in result.stderr, result.stderr
