@@ -124,11 +124,8 @@ def test_helm_lint_strict(helm: str, values: str) -> None:
     assert "0 chart(s) failed" in result.stdout
 
 
-@pytest.mark.parametrize("values", list(VALUES), ids=list(VALUES))
-def test_every_manifest_is_valid_kubernetes_in_strict_mode(
-    helm: str, kubernetes_validate: str, values: str, tmp_path: Path
-) -> None:
-    docs = docs_of(render(helm, VALUES[values]))
+def assert_valid(kubernetes_validate: str, docs: list[dict[str, Any]], tmp_path: Path) -> None:
+    """kubernetes-validate --strict on every manifest but the CRDs' (checked by their own tests)."""
     core = [d for d in docs if not d["apiVersion"].startswith(CRD_GROUPS)]
     crds = [d for d in docs if d["apiVersion"].startswith(CRD_GROUPS)]
     assert {d["kind"] for d in crds} <= {"ServiceMonitor"}, "a CRD kind this test does not check"
@@ -143,6 +140,36 @@ def test_every_manifest_is_valid_kubernetes_in_strict_mode(
     # A kind without a schema is only a warning to kubernetes-validate: here it is a failure.
     assert "WARN" not in out and "ERROR" not in out, out
     assert out.count("passed") == len(core) * len(K8S_VERSIONS), out
+
+
+@pytest.mark.parametrize("values", list(VALUES), ids=list(VALUES))
+def test_every_manifest_is_valid_kubernetes_in_strict_mode(
+    helm: str, kubernetes_validate: str, values: str, tmp_path: Path
+) -> None:
+    assert_valid(kubernetes_validate, docs_of(render(helm, VALUES[values])), tmp_path)
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ("mode=sidecar",),  # the ConfigMap and metrics Service for one's own StatefulSet
+        (
+            "metrics.podAnnotations=false",
+            "rollOnConfigChange=false",
+            "podDisruptionBudget.enabled=false",
+            "serviceAccount.create=false",
+            "metrics.service.enabled=false",
+        ),
+    ],
+    ids=["sidecar-snippet-only", "everything-optional-off"],
+)
+def test_other_value_combinations_are_valid_kubernetes(
+    helm: str, kubernetes_validate: str, sets: tuple[str, ...], tmp_path: Path
+) -> None:
+    docs = docs_of(render(helm, None, *sets))
+    assert_valid(kubernetes_validate, docs, tmp_path)
+    if sets == ("mode=sidecar",):
+        assert kinds(docs) == ["ConfigMap", "Service", "ServiceAccount"]
 
 
 def test_strict_validation_rejects_an_unknown_field(
