@@ -251,7 +251,7 @@ def test_the_builders_wheel_from_the_copied_files_runs_kthrottle(dockerfile: Par
         cwd=tmp_path,
     )
     assert run.returncode == 0, run.stderr
-    assert "ok (gateway mode)" in run.stdout
+    assert "ok (gateway mode" in run.stdout
     # It ran the installed copy, not the checkout.
     where = subprocess.run(
         [sys.executable, "-c", "import proxy.cli; print(proxy.cli.__file__)"],

@@ -235,7 +235,7 @@ def test_gateway_config_is_accepted_by_kthrottle(
     }
     result = check_config(data, tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "ok (gateway mode)" in result.stdout
+    assert "ok (gateway mode" in result.stdout
 
 
 def test_default_values_render_a_config_todays_proxy_accepts(
@@ -472,7 +472,7 @@ def test_sidecar_config_is_accepted_by_kthrottle(
     assert quotas["quotas"]["clients"]["<default>"]["producer_byte_rate"] == 10485760
     result = check_config(data, tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "ok (sidecar mode)" in result.stdout
+    assert "ok (sidecar mode" in result.stdout
 
 
 def test_named_ports_resolve_in_regular_containers(rendered: dict[str, list[dict[str, Any]]]) -> None:
