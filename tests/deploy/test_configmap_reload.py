@@ -98,7 +98,7 @@ def test_quota_change_in_the_configmap_applies_without_restart(helm: str, tmp_pa
 
         def admin_up() -> bool:
             try:
-                return json.loads(_get(admin, "/healthz"))["status"] == "ok"
+                return bool(json.loads(_get(admin, "/healthz"))["status"] == "ok")
             except OSError:
                 return False
 
