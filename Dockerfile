@@ -1,0 +1,65 @@
+# syntax=docker/dockerfile:1
+# kthrottle container image: a Kafka-protocol throttling proxy.
+#
+#   docker build -t kthrottle:0.1.0 .
+#   docker run --rm -v "$PWD/deploy:/etc/kthrottle:ro" -p 9092:9092 -p 9100-9102:9100-9102 \
+#       -p 9644:9644 kthrottle:0.1.0
+#
+# The config is mounted at /etc/kthrottle/kthrottle.yaml (quotas_file, if any, beside it),
+# certificates under /etc/kthrottle/tls. SIGTERM drains (drain_seconds), then the process exits.
+
+ARG PYTHON_VERSION=3.11.14
+ARG DEBIAN_RELEASE=bookworm
+
+# ---- builder: the full Python image (compilers on hand should a dependency lack a wheel) -----
+FROM python:${PYTHON_VERSION}-${DEBIAN_RELEASE} AS builder
+ARG PIP_VERSION=25.3
+ARG SETUPTOOLS_VERSION=80.9.0
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+RUN python -m venv /opt/kthrottle \
+    && /opt/kthrottle/bin/pip install "pip==${PIP_VERSION}" \
+    && python -m pip install "pip==${PIP_VERSION}" "setuptools==${SETUPTOOLS_VERSION}"
+COPY pyproject.toml README.md ./
+COPY protocol ./protocol
+COPY quota ./quota
+COPY proxy ./proxy
+COPY analytics ./analytics
+# A wheel of the project, then the project and its runtime dependencies (uvloop among them) into
+# the venv that the final stage copies; pip byte-compiles, so the read-only image never writes .pyc.
+RUN python -m pip wheel --no-deps --no-build-isolation --wheel-dir /wheels . \
+    && /opt/kthrottle/bin/pip install /wheels/kthrottle-*.whl \
+    && /opt/kthrottle/bin/python -c "import uvloop, proxy.cli" \
+    && /opt/kthrottle/bin/pip uninstall -y pip
+
+# ---- final: slim Python, the venv, a non-root user; no compilers, no build tools ---------------
+FROM python:${PYTHON_VERSION}-slim-${DEBIAN_RELEASE}
+ARG KTHROTTLE_UID=10001
+ARG KTHROTTLE_GID=10001
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="kthrottle" \
+      org.opencontainers.image.description="Kafka-protocol throttling proxy with Kafka's own quota semantics" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --system --gid "${KTHROTTLE_GID}" kthrottle \
+    && useradd --system --uid "${KTHROTTLE_UID}" --gid "${KTHROTTLE_GID}" --no-create-home \
+        --home-dir /nonexistent --shell /usr/sbin/nologin kthrottle \
+    && mkdir -p /etc/kthrottle/tls /var/lib/kthrottle/capture \
+    && chown -R "${KTHROTTLE_UID}:${KTHROTTLE_GID}" /var/lib/kthrottle
+COPY --from=builder /opt/kthrottle /opt/kthrottle
+ENV PATH=/opt/kthrottle/bin:${PATH} \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    KTHROTTLE_ADMIN_PORT=9644
+WORKDIR /var/lib/kthrottle
+USER ${KTHROTTLE_UID}:${KTHROTTLE_GID}
+# 9092: gateway bootstrap (or the sidecar listener); 9100-9199: gateway broker ports
+# (broker_port_base 9100 + node id); 9644: admin HTTP (/metrics, /healthz, /readyz).
+EXPOSE 9092 9100-9199 9644
+# Needs admin.host to include loopback (0.0.0.0 or 127.0.0.1); KTHROTTLE_ADMIN_PORT = admin.port.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('KTHROTTLE_ADMIN_PORT', '9644'), timeout=4)"]
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["kthrottle"]
+CMD ["run", "--config", "/etc/kthrottle/kthrottle.yaml"]

@@ -1,0 +1,284 @@
+{{/* Names and labels ----------------------------------------------------------------------- */}}
+{{- define "kthrottle.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "kthrottle.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kthrottle.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "kthrottle.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Labels beside the selector labels on pod templates (no duplicate keys). */}}
+{{- define "kthrottle.versionLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "kthrottle.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kthrottle.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: gateway
+{{- end -}}
+
+{{/* The example Kafka StatefulSet's pods (sidecar mode). */}}
+{{- define "kthrottle.kafkaName" -}}
+{{- printf "%s-kafka" (include "kthrottle.fullname" .) | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "kthrottle.kafkaSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "kthrottle.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: kafka-broker
+{{- end -}}
+
+{{/* The pods the metrics Service selects: the gateway's, or the broker pods with the sidecar. */}}
+{{- define "kthrottle.proxyPodSelector" -}}
+{{- if eq .Values.mode "gateway" -}}
+{{ include "kthrottle.selectorLabels" . }}
+{{- else if .Values.sidecar.podSelector -}}
+{{ toYaml .Values.sidecar.podSelector }}
+{{- else -}}
+{{ include "kthrottle.kafkaSelectorLabels" . }}
+{{- end -}}
+{{- end -}}
+
+{{- define "kthrottle.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "kthrottle.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kthrottle.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* Gateway broker ports: a list of {id, port}, one per configured broker node id. */}}
+{{- define "kthrottle.brokerPorts" -}}
+{{- $gw := .Values.gateway -}}
+{{- $out := list -}}
+{{- range $id := $gw.brokers.nodeIds -}}
+{{- $explicit := index ($gw.brokers.ports | default dict) (toString (int $id)) -}}
+{{- $port := $explicit | default (add (int $gw.brokers.portBase) (int $id)) -}}
+{{- $out = append $out (dict "id" (int $id) "port" (int $port)) -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{- define "kthrottle.advertisedHost" -}}
+{{- default (printf "%s.%s.svc" (include "kthrottle.fullname" .) .Release.Namespace) .Values.gateway.advertisedHost -}}
+{{- end -}}
+
+{{/* The proxy config (kthrottle.yaml) ------------------------------------------------------- */}}
+{{- define "kthrottle.config" -}}
+{{- $v := .Values -}}
+{{- if hasKey ($v.config | default dict) "quotas" -}}
+{{- fail "put quotas under .Values.quotas (rendered as quotas.yaml), not under .Values.config" -}}
+{{- end -}}
+{{- $c := deepCopy ($v.config | default dict) -}}
+{{- $_ := set $c "mode" $v.mode -}}
+{{- $_ := set $c "bind_host" "0.0.0.0" -}}
+{{- /* 0.0.0.0, not the proxy's default 127.0.0.1: kubelet probes and Prometheus come in on the pod IP. */ -}}
+{{- $admin := dict "host" "0.0.0.0" "port" (int $v.admin.port) -}}
+{{- if $v.admin.token.enabled -}}
+{{- $_ := set $admin "token_file" "/etc/kthrottle/admin/token" -}}
+{{- end -}}
+{{- $_ := set $c "admin" $admin -}}
+{{- if eq $v.mode "gateway" -}}
+{{- $gw := $v.gateway -}}
+{{- $_ := set $c "advertised_host" (include "kthrottle.advertisedHost" .) -}}
+{{- $ports := dict -}}
+{{- range $k, $p := ($gw.brokers.ports | default dict) -}}
+{{- $_ := set $ports (toString $k) (int $p) -}}
+{{- end -}}
+{{- $g := dict "bootstrap_port" (int $gw.bootstrapPort) "broker_port_base" (int $gw.brokers.portBase) "broker_ports" $ports "upstream_bootstrap" $gw.upstreamBootstrap -}}
+{{- if $gw.sni.enabled -}}
+{{- if not $v.tls.enabled -}}
+{{- fail "gateway.sni.enabled needs tls.enabled (SNI is the TLS server name)" -}}
+{{- end -}}
+{{- $_ := set $g "sni" (dict "enabled" true "bootstrap_host" $gw.sni.bootstrapHost "broker_host_template" $gw.sni.brokerHostTemplate) -}}
+{{- end -}}
+{{- $_ := set $c "gateway" $g -}}
+{{- else if eq $v.mode "sidecar" -}}
+{{- $s := $v.sidecar -}}
+{{- $_ := set $c "sidecar" (dict "listen_port" (int $s.listenPort) "upstream" $s.upstream "advertised_host" $s.advertisedHost) -}}
+{{- else -}}
+{{- fail (printf "mode must be gateway or sidecar, not %v" $v.mode) -}}
+{{- end -}}
+{{- $_ := set $c "quotas_file" "quotas.yaml" -}}
+{{- if $v.tls.enabled -}}
+{{- $t := dict "enabled" true "certfile" "/etc/kthrottle/tls/server/tls.crt" "keyfile" "/etc/kthrottle/tls/server/tls.key" "client_auth" $v.tls.clientAuth -}}
+{{- if ne $v.tls.clientAuth "none" -}}
+{{- $_ := set $t "cafile" "/etc/kthrottle/tls/server/ca.crt" -}}
+{{- end -}}
+{{- if $v.tls.principalMappingRules -}}
+{{- $_ := set $t "principal_mapping_rules" $v.tls.principalMappingRules -}}
+{{- end -}}
+{{- $_ := set $c "tls" $t -}}
+{{- end -}}
+{{- if $v.upstreamTls.enabled -}}
+{{- $u := dict "enabled" true "cafile" "/etc/kthrottle/tls/upstream/ca.crt" "check_hostname" $v.upstreamTls.checkHostname -}}
+{{- if $v.upstreamTls.clientCert -}}
+{{- $_ := set $u "certfile" "/etc/kthrottle/tls/upstream/tls.crt" -}}
+{{- $_ := set $u "keyfile" "/etc/kthrottle/tls/upstream/tls.key" -}}
+{{- end -}}
+{{- $_ := set $c "upstream_tls" $u -}}
+{{- end -}}
+{{- if $v.upstreamSasl.enabled -}}
+{{- $_ := set $c "upstream_sasl" (dict "username" $v.upstreamSasl.username "password_file" "/etc/kthrottle/sasl/password") -}}
+{{- end -}}
+{{- if $v.quotaApi.enabled -}}
+{{- $_ := set $c "quota_api" (dict "mode" $v.quotaApi.mode "admins" $v.quotaApi.admins) -}}
+{{- end -}}
+{{- toYaml $c -}}
+{{- end -}}
+
+{{- define "kthrottle.quotas" -}}
+{{- toYaml (dict "quotas" (.Values.quotas | default dict)) -}}
+{{- end -}}
+
+{{/* Pod parts shared by the gateway Deployment and the sidecar ------------------------------ */}}
+
+{{/* One projected volume puts the config, quotas and every Secret at the paths the config
+     names, under /etc/kthrottle, without subPath mounts: the kubelet then swaps updated files
+     in place (a symlink swap), which the proxy's 1-second polling picks up. */}}
+{{- define "kthrottle.volumes" -}}
+- name: kthrottle-config
+  projected:
+    defaultMode: 0440
+    sources:
+      - configMap:
+          name: {{ include "kthrottle.fullname" . }}-config
+          items:
+            - {key: kthrottle.yaml, path: kthrottle.yaml}
+            - {key: quotas.yaml, path: quotas.yaml}
+      {{- if .Values.tls.enabled }}
+      - secret:
+          name: {{ required "tls.secretName is required with tls.enabled" .Values.tls.secretName }}
+          items:
+            - {key: tls.crt, path: tls/server/tls.crt}
+            - {key: tls.key, path: tls/server/tls.key}
+            {{- if ne .Values.tls.clientAuth "none" }}
+            - {key: ca.crt, path: tls/server/ca.crt}
+            {{- end }}
+      {{- end }}
+      {{- if .Values.upstreamTls.enabled }}
+      - secret:
+          name: {{ required "upstreamTls.secretName is required with upstreamTls.enabled" .Values.upstreamTls.secretName }}
+          items:
+            - {key: ca.crt, path: tls/upstream/ca.crt}
+            {{- if .Values.upstreamTls.clientCert }}
+            - {key: tls.crt, path: tls/upstream/tls.crt}
+            - {key: tls.key, path: tls/upstream/tls.key}
+            {{- end }}
+      {{- end }}
+      {{- if .Values.admin.token.enabled }}
+      - secret:
+          name: {{ required "admin.token.secretName is required with admin.token.enabled" .Values.admin.token.secretName }}
+          items:
+            - {key: {{ .Values.admin.token.key }}, path: admin/token}
+      {{- end }}
+      {{- if .Values.upstreamSasl.enabled }}
+      - secret:
+          name: {{ required "upstreamSasl.secretName is required with upstreamSasl.enabled" .Values.upstreamSasl.secretName }}
+          items:
+            - {key: {{ .Values.upstreamSasl.passwordKey }}, path: sasl/password}
+      {{- end }}
+- name: kthrottle-tmp
+  emptyDir:
+    sizeLimit: 64Mi
+- name: kthrottle-data
+  emptyDir:
+    sizeLimit: {{ .Values.dataVolume.sizeLimit }}
+{{- end -}}
+
+{{- define "kthrottle.probe" -}}
+httpGet:
+  path: {{ .path }}
+  port: admin
+initialDelaySeconds: {{ .p.initialDelaySeconds }}
+periodSeconds: {{ .p.periodSeconds }}
+timeoutSeconds: {{ .p.timeoutSeconds }}
+failureThreshold: {{ .p.failureThreshold }}
+{{- end -}}
+
+{{/* The proxy container; the ports differ by mode. */}}
+{{- define "kthrottle.container" -}}
+name: kthrottle
+image: {{ include "kthrottle.image" . }}
+imagePullPolicy: {{ .Values.image.pullPolicy }}
+args: ["run", "--config", "/etc/kthrottle/kthrottle.yaml"]
+env:
+  - name: KTHROTTLE_ADMIN_PORT
+    value: {{ .Values.admin.port | quote }}
+ports:
+{{- if eq .Values.mode "gateway" }}
+  - {name: kafka, containerPort: {{ .Values.gateway.bootstrapPort }}, protocol: TCP}
+  {{- if not .Values.gateway.sni.enabled }}
+  {{- range (include "kthrottle.brokerPorts" . | fromJsonArray) }}
+  - {name: broker-{{ .id }}, containerPort: {{ .port }}, protocol: TCP}
+  {{- end }}
+  {{- end }}
+{{- else }}
+  - {name: kafka, containerPort: {{ .Values.sidecar.listenPort }}, protocol: TCP}
+{{- end }}
+  - {name: admin, containerPort: {{ .Values.admin.port }}, protocol: TCP}
+livenessProbe:
+  {{- include "kthrottle.probe" (dict "path" "/healthz" "p" .Values.probes.liveness) | nindent 2 }}
+readinessProbe:
+  {{- include "kthrottle.probe" (dict "path" "/readyz" "p" .Values.probes.readiness) | nindent 2 }}
+resources:
+  {{- toYaml .Values.resources | nindent 2 }}
+securityContext:
+  {{- toYaml .Values.securityContext | nindent 2 }}
+volumeMounts:
+  - {name: kthrottle-config, mountPath: /etc/kthrottle, readOnly: true}
+  - {name: kthrottle-tmp, mountPath: /tmp}
+  - {name: kthrottle-data, mountPath: /var/lib/kthrottle}
+{{- end -}}
+
+{{/* The sidecar for a broker pod: put it under the StatefulSet's initContainers. With
+     restartPolicy: Always it is a native sidecar (Kubernetes 1.29+): started before the broker,
+     kept running beside it, stopped after it. From a parent chart:
+       initContainers:
+         {{- include "kthrottle.sidecarContainer" .Subcharts.kthrottle | nindent 8 }}
+       volumes:
+         {{- include "kthrottle.sidecarVolumes" .Subcharts.kthrottle | nindent 8 }}
+*/}}
+{{- define "kthrottle.sidecarContainer" -}}
+- {{ include "kthrottle.container" . | nindent 2 | trim }}
+  restartPolicy: Always
+{{- end -}}
+
+{{- define "kthrottle.sidecarVolumes" -}}
+{{ include "kthrottle.volumes" . }}
+{{- end -}}
+
+{{- define "kthrottle.podAnnotations" -}}
+{{- if .Values.metrics.podAnnotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .Values.admin.port | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- with .Values.podAnnotations }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
