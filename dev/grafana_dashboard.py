@@ -97,6 +97,12 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 description="Client connections closed for bad input, per second, by reason.",
             ),
             Panel(
+                "TLS handshake failures",
+                [(f"sum(rate(kthrottle_tls_handshake_failures_total{{{SEL}}}[{RATE}]))", "failed/s")],
+                unit="short",
+                description="Client TLS handshakes refused (bad or missing certificate) or cut off.",
+            ),
+            Panel(
                 "Upstream errors",
                 [(rate("kthrottle_upstream_errors_total", "kind"), "{{kind}}")],
             ),
@@ -231,6 +237,12 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "Producer-id filter memory",
                 [(f"sum(kthrottle_producer_id_filter_bytes_total{{{SEL}}})", "bloom filters")],
                 unit="bytes",
+            ),
+            Panel(
+                "Quota state tracked",
+                [(f"sum by (direction, kind) (kthrottle_quota_tracked{{{SEL}}})", "{{direction}} {{kind}}")],
+                unit="short",
+                description="Byte-rate buckets and partitions held in memory; idle ones expire.",
             ),
         ],
     ),
