@@ -35,6 +35,37 @@ class AdminConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(9644, ge=0, le=65535)
     enabled: bool = True
+    # State-changing endpoints need ``Authorization: Bearer <the file's contents>``; the file is
+    # read at start and again whenever it changes. Without it they are refused, unless
+    # allow_unauthenticated_changes says otherwise.
+    token_file: Path | None = None
+    allow_unauthenticated_changes: bool = False
+
+
+class QuotaApiConfig(Strict):
+    """Kafka's client-quota Admin API (DescribeClientQuotas, AlterClientQuotas; KIP-546)."""
+
+    # proxy: answered by the proxy from the quotas it enforces; forward: passed to the brokers
+    # untouched; both: applied by the proxy and forwarded, the broker's answer returned.
+    mode: Literal["proxy", "forward", "both"] = "proxy"
+    # Principals allowed to alter ("User:alice"; "User:*" for everyone); others get
+    # CLUSTER_AUTHORIZATION_FAILED per entry.
+    admins: list[str] = Field(default_factory=list)
+    # Principals allowed to describe; None: everyone.
+    describers: list[str] | None = None
+    topic: str = Field("__kthrottle_quotas", pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    # How long an alteration waits for this instance to have read the topic to its end (its
+    # value is the entity's whole overlay, so it must start from the latest one).
+    catch_up_timeout_seconds: float = Field(10.0, gt=0, le=300)
+
+    @field_validator("admins", "describers")
+    @classmethod
+    def _principals(cls, value: list[str] | None) -> list[str] | None:
+        for item in value or []:
+            kind, sep, name = item.partition(":")
+            if not sep or not kind or not name:
+                raise ValueError(f"{item!r} is not a principal such as User:alice")
+        return value
 
 
 class GatewayConfig(Strict):
@@ -234,6 +265,7 @@ class ProxyConfig(Strict):
     exchange: ExchangeConfig = Field(default_factory=ExchangeConfig)
     volume: VolumeConfig = Field(default_factory=VolumeConfig)
     cluster_quotas: ClusterQuotaConfig = Field(default_factory=ClusterQuotaConfig)
+    quota_api: QuotaApiConfig = Field(default_factory=QuotaApiConfig)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("bind_host")

@@ -13,6 +13,7 @@ from proxy.cluster_quotas import ClusterQuotaService
 from proxy.config import ProxyConfig
 from proxy.metrics import ProxyMetrics
 from proxy.pipeline import Pipeline, _ClientProtocol
+from proxy.quota_api import QuotaApiService
 from proxy.quota_metrics import QuotaCollector
 from proxy.throttling import QuotaEnforcer
 from proxy.topic_catalog import TopicCatalog
@@ -58,6 +59,12 @@ class ProxyServer:
             if any_cluster_scope(cfg.quotas)
             else None
         )
+        # KIP-546: DescribeClientQuotas/AlterClientQuotas answered by the proxy (not in forward mode).
+        self.quota_api = (
+            QuotaApiService(cfg, self.enforcer, self.metrics.registry)
+            if cfg.quota_api.mode != "forward"
+            else None
+        )
         self.listeners: dict[str, Listener] = {}
         self.pipelines: set[Pipeline] = set()
         self.draining = False
@@ -92,6 +99,8 @@ class ProxyServer:
             self.volume.start()
         if self.cluster_quotas is not None:
             self.cluster_quotas.start()
+        if self.quota_api is not None:
+            self.quota_api.start()
 
     async def _open(self, name: str, port: int, node_id: int | None) -> Listener:
         listener = Listener(name, self.cfg.bind_host, port, node_id)
@@ -195,6 +204,8 @@ class ProxyServer:
             await self.volume.stop()
         if self.cluster_quotas is not None:
             await self.cluster_quotas.stop()
+        if self.quota_api is not None:
+            await self.quota_api.stop()
         if self.capture is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.capture.close)
 
