@@ -526,7 +526,9 @@ class Pipeline:
                 self._send(frame)
                 return  # the hold ends in _quota_alter_answered
             else:
-                result = await service.alter(alterations_of(body), bool(body.get("validate_only")))
+                result = await service.alter(
+                    alterations_of(body), bool(body.get("validate_only")), who=f"{principal} ({self.peer})"
+                )
                 answer = alter_response(result.results)
             if self.closed:
                 return

@@ -238,7 +238,7 @@ class QuotaApiService:
         return ops.alter(alterations, self.overlay)
 
     async def alter(
-        self, alterations: list[Alteration], validate_only: bool, source: str = "kafka"
+        self, alterations: list[Alteration], validate_only: bool, source: str = "kafka", who: str = "?"
     ) -> AlterResult:
         """Validate, then (unless validate_only) store and apply the changes; per-entity results."""
         async with self._lock:
@@ -247,6 +247,15 @@ class QuotaApiService:
                 await self.store(result)
         for _entity, err in result.results:
             self.metrics.alterations.labels(source, err.name).inc()
+        log.info(
+            "quota API: %s altered client quotas%s: %s",
+            who,
+            " (validate only)" if validate_only else "",
+            "; ".join(
+                f"{dict(e)} {err.name}{f' ({err.message})' if err.failed else ''}"
+                for e, err in result.results
+            ),
+        )
         return result
 
     async def store(self, result: AlterResult, only: set[ops.Entity] | None = None) -> None:
