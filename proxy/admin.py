@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.config import AdminConfig
 from proxy.quota_api import QuotaApiService
+from proxy.secrets import register
 from proxy.server import ProxyServer
 from proxy.throttling import QuotaEnforcer
 from quota import client_quota_ops as ops
@@ -73,6 +74,8 @@ class AdminAuth:
             return
         self._signature = signature
         self._token = token or None
+        if self._token is not None:
+            register(self._token.decode(errors="replace"))
         if self._token is None:
             log.warning("admin: token file %s is empty; changes refused", self.path)
         else:

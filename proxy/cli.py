@@ -182,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=cfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    from proxy import secrets
+
+    secrets.install()  # the upstream password and admin token never reach the log
+    if cfg.upstream_sasl is not None and cfg.upstream_sasl.password is not None:
+        secrets.register(cfg.upstream_sasl.password)
     loop_kind = _install_uvloop()
     log.info("kthrottle starting (%s mode, %s)", cfg.mode, loop_kind)
     asyncio.run(serve(cfg, args.ready_file, args.config))

@@ -131,10 +131,13 @@ class UpstreamSasl(Strict):
         return self
 
     def secret(self) -> str:
+        """The password, registered for redaction from the logs (proxy/secrets.py)."""
+        from proxy.secrets import register
+
         if self.password is not None:
-            return self.password
+            return register(self.password)
         assert self.password_file is not None
-        return self.password_file.read_text(encoding="utf-8").strip()
+        return register(self.password_file.read_text(encoding="utf-8").strip())
 
 
 class CaptureKafkaConfig(Strict):

@@ -249,3 +249,18 @@ def test_error_names_are_protocol_codes() -> None:
     ):
         assert ErrorCode[name] is not None
     assert json.dumps(ops.encode_key(((ops.USER, None),)).decode()) == '"[[\\"user\\",null]]"'
+
+
+def test_registered_secrets_are_masked_in_log_records(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from proxy import secrets
+
+    secret = "pw-with-'quote'-ünï"
+    secrets.register(secret)
+    record = logging.LogRecord("aiokafka.conn", logging.DEBUG, "f", 1, "Request %s", (secret.encode(),), None)
+    secrets.RedactSecrets().filter(record)
+    assert "pw-with" not in record.getMessage() and secrets.MASK in record.getMessage()
+    record = logging.LogRecord("x", logging.INFO, "f", 1, "login %r then %s", (secret, secret), None)
+    secrets.RedactSecrets().filter(record)
+    assert "pw-with" not in record.getMessage() and record.getMessage().count(secrets.MASK) == 2
