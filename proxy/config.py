@@ -57,6 +57,10 @@ class QuotaApiConfig(Strict):
     # How long an alteration waits for this instance to have read the topic to its end (its
     # value is the entity's whole overlay, so it must start from the latest one).
     catch_up_timeout_seconds: float = Field(10.0, gt=0, le=300)
+    # At start, how long the listeners wait for the store to be read (0: not at all): clients are
+    # then served with the alterations already in force. Past it the proxy starts with the file's
+    # quotas and applies the alterations as it reads them.
+    start_wait_seconds: float = Field(5.0, ge=0, le=300)
 
     @field_validator("admins", "describers")
     @classmethod

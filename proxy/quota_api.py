@@ -178,6 +178,23 @@ class QuotaApiService:
     async def stop(self) -> None:
         await self.exchange.stop()
 
+    async def wait_caught_up(self, seconds: float) -> bool:
+        """Wait (at most ``seconds``) until the store has been read to its end."""
+        if seconds <= 0:
+            return self.exchange.caught_up.is_set()
+        try:
+            await asyncio.wait_for(self.exchange.caught_up.wait(), seconds)
+        except TimeoutError:
+            log.warning(
+                "quota API: store %s not read within %g s; enforcing the config file's quotas and "
+                "applying the stored alterations as they are read",
+                self.cfg.quota_api.topic,
+                seconds,
+            )
+            return False
+        log.info("quota API: store read, %d entities altered through the API", len(self.overlay))
+        return True
+
     # --- the effective quotas --------------------------------------------------------------
 
     def effective(self, file_quotas: QuotaConfig | None = None) -> QuotaConfig:

@@ -85,6 +85,10 @@ class ProxyServer:
     async def start(self) -> None:
         """Learn the brokers, open every listener, then accept clients."""
         cfg = self.cfg
+        if self.quota_api is not None:
+            # Clients are served with the API's alterations in force, when the store answers in time.
+            self.quota_api.start()
+            await self.quota_api.wait_caught_up(cfg.quota_api.start_wait_seconds)
         if cfg.mode == "gateway":
             await self._refresh_brokers(required=False)
             await self._open_known_listeners()
@@ -99,8 +103,6 @@ class ProxyServer:
             self.volume.start()
         if self.cluster_quotas is not None:
             self.cluster_quotas.start()
-        if self.quota_api is not None:
-            self.quota_api.start()
 
     async def _open(self, name: str, port: int, node_id: int | None) -> Listener:
         listener = Listener(name, self.cfg.bind_host, port, node_id)

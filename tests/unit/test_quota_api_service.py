@@ -264,3 +264,14 @@ def test_registered_secrets_are_masked_in_log_records(caplog: pytest.LogCaptureF
     record = logging.LogRecord("x", logging.INFO, "f", 1, "login %r then %s", (secret, secret), None)
     secrets.RedactSecrets().filter(record)
     assert "pw-with" not in record.getMessage() and record.getMessage().count(secrets.MASK) == 2
+
+
+def test_principals() -> None:
+    from proxy.quota_api import allowed, principal_of
+
+    assert principal_of("ANONYMOUS") == "User:ANONYMOUS"
+    assert allowed("User:alice", None)  # describers default: everyone
+    assert not allowed("User:alice", [])  # admins default: nobody
+    assert allowed("User:alice", ["User:admin", "User:alice"])
+    assert allowed("User:ANONYMOUS", ["User:*"])
+    assert not allowed("User:ANONYMOUS", ["User:admin"])
