@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import threading
 import time
 import urllib.error
@@ -30,6 +31,7 @@ from dev.workloads import rate_between, steady_producer
 from proxy.upstream_client import request
 
 pytestmark = pytest.mark.integration
+log = logging.getLogger(__name__)
 
 JAVA_ADMIN = str(Path(__file__).parent / "java" / "QuotaAdmin.java")
 USERS = {"admin": f"admin-pw-{uuid.uuid4().hex}", "alice": f"alice-pw-{uuid.uuid4().hex}"}
@@ -325,6 +327,12 @@ def test_new_quota_throttles_live_producers_on_every_instance_within_two_windows
         series = [
             [round(rate_between(a, altered + s, altered + s + 1) / KiB) for s in range(-5, 20)] for a in acked
         ]
+        log.info(
+            "KiB/s per instance, last window before: %s; windows 3-4 after: %s; per second from -5 s: %s",
+            [round(r / KiB) for r in rates_before],
+            [round(r / KiB) for r in rates_after],
+            series,
+        )
         for i in range(3):
             assert rates_before[i] > 1.6 * quota, (i, rates_before, series)
             assert rates_after[i] < 1.25 * quota, (i, rates_after, series)
