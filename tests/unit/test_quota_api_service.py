@@ -275,3 +275,12 @@ def test_principals() -> None:
     assert allowed("User:alice", ["User:admin", "User:alice"])
     assert allowed("User:ANONYMOUS", ["User:*"])
     assert not allowed("User:ANONYMOUS", ["User:admin"])
+
+
+def test_every_exchange_of_one_process_shares_the_exchange_metrics() -> None:
+    text = GATEWAY.replace(
+        "quota_api:",
+        "  clients: {spread: {producer_byte_rate: 100, scope: cluster}}\nvolume: {enabled: true}\nquota_api:",
+    )
+    server = ProxyServer(parse_config(text))  # three compacted topics, one registry: no duplicate
+    assert server.cluster_quotas is not None and server.volume is not None and server.quota_api is not None
