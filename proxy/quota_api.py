@@ -275,6 +275,11 @@ class QuotaApiService:
         )
         return result
 
+    async def store_serialized(self, result: AlterResult, only: set[ops.Entity] | None = None) -> None:
+        """``store`` behind this instance's other alterations."""
+        async with self._lock:
+            await self.store(result, only)
+
     async def store(self, result: AlterResult, only: set[ops.Entity] | None = None) -> None:
         """Publish the changes (of the entities in ``only``, if given) and apply them at once;
         an entity whose publication fails gets an error instead of NONE."""
@@ -295,10 +300,9 @@ class QuotaApiService:
             failed = dict.fromkeys(changes, err)
         else:
             for entity, values in ops.merged(self.overlay, changes).items():
-                stored = {k: v for k, v in values.items()}
-                if await self.exchange.publish(ops.encode_key(entity), ops.encode_value(stored)):
-                    if stored:
-                        self.overlay[entity] = stored
+                if await self.exchange.publish(ops.encode_key(entity), ops.encode_value(values)):
+                    if values:
+                        self.overlay[entity] = values
                     else:
                         self.overlay.pop(entity, None)
                 else:
@@ -338,8 +342,7 @@ class QuotaAlterBoth:
             e for e, err in mine.items() if not err.failed and broker_errors.get(e, (0, None))[0] == 0
         }
         if not self.body.get("validate_only"):
-            async with service._lock:
-                await service.store(self.result, only=accepted)
+            await service.store_serialized(self.result, only=accepted)
         stored = {ops.canonical(dict(echo)): err for echo, err in self.result.results}
         for err in stored.values():
             service.metrics.alterations.labels("kafka", err.name).inc()

@@ -275,6 +275,71 @@ def test_java_admin_alters_and_describes_through_the_proxy(cluster: KafkaCluster
         ]
 
 
+@pytest.mark.timeout(120)
+def test_pipelined_requests_are_answered_in_order(cluster: KafkaCluster, tmp_path: Path) -> None:
+    """Forwarded and locally answered requests written back to back on one connection come back
+    in request order, and the describe after an alteration sees it."""
+    import socket
+    import struct
+
+    from protocol import messages
+    from protocol.frames import RequestHeader, encode_request_header, response_header_size
+
+    topic = _topic_name()
+    user = f"order-{uuid.uuid4().hex[:6]}"
+    with ProxyProcess(_config(cluster, topic), workdir=tmp_path) as proxy:
+        _wait_store_ready(proxy, topic)
+        requests = [
+            (3, 12, {"topics": [], "allow_auto_topic_creation": False}),
+            (
+                49,
+                1,
+                {"entries": [_entry({"user": user}, ("producer_byte_rate", 777.0))], "validate_only": False},
+            ),
+            (18, 3, {"client_software_name": "t", "client_software_version": "1"}),
+            (
+                48,
+                1,
+                {"components": [{"entity_type": "user", "match_type": 0, "match": user}], "strict": True},
+            ),
+            (3, 12, {"topics": [], "allow_auto_topic_creation": False}),
+        ]
+        out = bytearray()
+        for cid, (key, version, body) in enumerate(requests, start=100):
+            frame = encode_request_header(RequestHeader(key, version, cid, "order", 0))
+            frame += messages.encode(key, version, body, response=False)
+            out += struct.pack(">i", len(frame)) + frame
+        host, port = proxy.bootstrap.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=20) as sock:
+            sock.sendall(out)
+            answers = []
+            for key, version, _body in requests:
+                (size,) = struct.unpack(">i", _read(sock, 4))
+                frame = _read(sock, size)
+                hsize = response_header_size(key, version, frame)
+                cid = struct.unpack_from(">i", frame, 0)[0]
+                answers.append((cid, messages.decode_response(key, version, memoryview(frame)[hsize:])))
+        assert [cid for cid, _a in answers] == [100, 101, 102, 103, 104]
+        assert answers[1][1]["entries"][0]["error_code"] == 0
+        assert answers[3][1]["entries"] == [
+            {
+                "entity": [{"entity_type": "user", "entity_name": user}],
+                "values": [{"key": "producer_byte_rate", "value": 777.0}],
+            }
+        ]
+        advertised = {e["api_key"]: (e["min_version"], e["max_version"]) for e in answers[2][1]["api_keys"]}
+        assert advertised[48] == (0, 1) and advertised[49] == (0, 1)
+
+
+def _read(sock: Any, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, "connection closed"
+        data += chunk
+    return data
+
+
 # --- live producers on every instance ------------------------------------------------------------
 
 
