@@ -522,7 +522,7 @@ class Pipeline:
                 answer = refused_alter_response(body, AUTHORIZATION_FAILED)
             elif service.mode == "both":
                 # Validated here, forwarded as sent; stored once the broker's answer is in.
-                entry.quota_alter = QuotaAlterBoth(service.validate(alterations_of(body)), body)
+                entry.quota_alter = QuotaAlterBoth(await service.validate(alterations_of(body)), body)
                 self._send(frame)
                 return  # the hold ends in _quota_alter_answered
             else:

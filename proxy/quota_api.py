@@ -149,6 +149,15 @@ class QuotaApiMetrics:
         )
 
 
+async def _resolves(name: str, timeout: float = 2.0) -> bool:
+    """Whether a host name resolves (Kafka's InetAddress.getByName check), without blocking."""
+    try:
+        await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(name, None), timeout)
+    except (OSError, TimeoutError, UnicodeError):
+        return False
+    return True
+
+
 class QuotaApiService:
     """The overlay of API alterations, its topic, and the answers to describe and alter."""
 
@@ -251,15 +260,24 @@ class QuotaApiService:
     def may_alter(self, principal: str) -> bool:
         return allowed(principal, self.cfg.quota_api.admins)
 
-    def validate(self, alterations: list[Alteration]) -> AlterResult:
-        return ops.alter(alterations, self.overlay)
+    async def validate(self, alterations: list[Alteration]) -> AlterResult:
+        """Kafka's validation; IP entities that are host names are resolved first, so a name
+        that does not resolve gets Kafka's own error text."""
+        names = {
+            name
+            for a in alterations
+            for t, name in a.entity
+            if t == ops.IP and name is not None and not ops.is_ip_literal(name) and ops.looks_like_host(name)
+        }
+        resolved = dict(zip(names, await asyncio.gather(*(_resolves(n) for n in names)), strict=True))
+        return ops.alter(alterations, self.overlay, resolvable=lambda name: resolved.get(name, False))
 
     async def alter(
         self, alterations: list[Alteration], validate_only: bool, source: str = "kafka", who: str = "?"
     ) -> AlterResult:
         """Validate, then (unless validate_only) store and apply the changes; per-entity results."""
         async with self._lock:
-            result = self.validate(alterations)
+            result = await self.validate(alterations)
             if not validate_only:
                 await self.store(result)
         for _entity, err in result.results:

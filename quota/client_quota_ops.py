@@ -21,6 +21,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -58,6 +59,9 @@ USER_CLIENT_KEYS: Final[dict[str, str]] = {
 # KIP-936's producer_ids_rate (which Kafka never shipped) is the proxy's own, per user only.
 USER_ONLY_KEYS: Final[dict[str, str]] = {PRODUCER_IDS_RATE: "DOUBLE"}
 IP_KEYS: Final[dict[str, str]] = {CONNECTION_CREATION_RATE: "INT"}
+
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}[A-Za-z0-9])?"
+_HOST_NAME: Final = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
 
 Name = str | None  # None: the default entity
 Entity = tuple[tuple[str, Name], ...]  # (type, name) pairs sorted by type: one spelling per entity
@@ -173,6 +177,11 @@ def entity_text(entity: Mapping[str, Name], initial_capacity: int | None = None)
     return f"ClientQuotaEntity(entries={{{inner}}})"
 
 
+def looks_like_host(name: str) -> bool:
+    """Whether ``name`` is a host name by its spelling (sans-IO; the proxy resolves it instead)."""
+    return _HOST_NAME.fullmatch(name) is not None
+
+
 def is_ip_literal(ip: str) -> bool:
     """The proxy matches connections by address, so only IP literals can ever apply."""
     try:
@@ -197,7 +206,9 @@ def _validate_entity(entity: Mapping[str, Name]) -> ApiError:
 
 
 def keys_for(
-    entity: Mapping[str, Name], ip_valid: Callable[[str], bool] = is_ip_literal
+    entity: Mapping[str, Name],
+    ip_valid: Callable[[str], bool] = is_ip_literal,
+    resolvable: Callable[[str], bool] | None = None,
 ) -> dict[str, str] | ApiError:
     """The keys (and their Kafka types) an entity may carry, or Kafka's error for the combination."""
     has_user, has_client, has_ip = USER in entity, CLIENT_ID in entity, IP in entity
@@ -210,6 +221,13 @@ def keys_for(
             )
         ip = entity[IP]
         if ip is not None and not ip_valid(ip):
+            if (resolvable or looks_like_host)(ip):
+                # Kafka would resolve it; the proxy matches connections by address only.
+                return ApiError(
+                    "INVALID_REQUEST",
+                    f"kthrottle: {ip} is a host name; give its IP address (the proxy matches client "
+                    "connections by address)",
+                )
             return ApiError("INVALID_REQUEST", f"{ip} is not a valid IP or resolvable host.")
         return dict(IP_KEYS)
     if has_user or has_client:
@@ -244,6 +262,7 @@ def alter(
     alterations: Iterable[Alteration],
     current: Overlay,
     ip_valid: Callable[[str], bool] = is_ip_literal,
+    resolvable: Callable[[str], bool] | None = None,
 ) -> AlterResult:
     """Validate a request's alterations as Kafka's controller does; the changes of the entities
     that passed. Nothing is applied here (validate_only simply drops ``changes``).
@@ -273,7 +292,7 @@ def alter(
             result.changes.pop(key, None)
             continue
         echoes[key] = echo
-        outcomes[key], change = _alter_entity(entity, values, current.get(key, {}), ip_valid)
+        outcomes[key], change = _alter_entity(entity, values, current.get(key, {}), ip_valid, resolvable)
         if change:
             result.changes[key] = change
     result.results = [(echoes[k], outcomes[k]) for k in outcomes]
@@ -285,11 +304,12 @@ def _alter_entity(
     values: Mapping[str, float | None],
     current: Mapping[str, float | None],
     ip_valid: Callable[[str], bool],
+    resolvable: Callable[[str], bool] | None,
 ) -> tuple[ApiError, Values]:
     error = _validate_entity(entity)
     if error.failed:
         return error, {}
-    keys = keys_for(entity, ip_valid)
+    keys = keys_for(entity, ip_valid, resolvable)
     if isinstance(keys, ApiError):
         return keys, {}
     change: Values = {}

@@ -165,6 +165,13 @@ def test_config_command_alters_and_describes_through_the_proxy(cluster: KafkaClu
             f"Quota configs for user-principal '{user}', the default client-id are consumer_byte_rate=2048.0"
             in out
         )
+        ip_alter = ("--alter", "--add-config", "connection_creation_rate=20", "--entity-type", "ips")
+        assert _config_command(proxy.bootstrap, *ip_alter, "--entity-default")[0] == 0
+        _code, out, _err = _config_command(proxy.bootstrap, "--describe", "--entity-type", "ips")
+        assert "Quota configs for the default ip are connection_creation_rate=20.0" in out
+        # The broker resolves a host name; the proxy matches addresses and says so.
+        host = _config_command(proxy.bootstrap, *ip_alter, "--entity-name", "localhost")
+        assert "InvalidRequestException: kthrottle: localhost is a host name; give its IP address" in host[2]
         # The file's quota is described too: the effective quotas.
         code, out, _err = _config_command(
             proxy.bootstrap, "--describe", "--entity-type", "clients", "--entity-default"

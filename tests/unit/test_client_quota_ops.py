@@ -92,6 +92,20 @@ def test_validation_errors_are_kafkas(
     assert _one(entity, *op_list) == ops.ApiError("INVALID_REQUEST", message)
 
 
+def test_host_names_for_ip_entities() -> None:
+    # Spelled as a host name: the proxy's own text (Kafka would resolve it; the proxy matches
+    # addresses); the proxy layer resolves names first and passes what resolved.
+    error = _one({"ip": "kafka-client.example"}, ("connection_creation_rate", 2.0))
+    assert error.message == (
+        "kthrottle: kafka-client.example is a host name; give its IP address (the proxy matches client "
+        "connections by address)"
+    )
+    result = ops.alter(
+        [_alt({"ip": "gone.example"}, ("connection_creation_rate", 2.0))], {}, resolvable=lambda _n: False
+    )
+    assert result.results[0][1].message == "gone.example is not a valid IP or resolvable host."
+
+
 def test_valid_alterations_and_what_kafka_lets_through() -> None:
     assert _one({"user": "alice"}, ("request_percentage", 1.5)) == ops.NONE  # a DOUBLE key
     assert _one({"user": "carol"}, ("foo", None)) == ops.NONE  # removal checks no key

@@ -138,7 +138,7 @@ async def test_mode_both_merges_the_brokers_answer() -> None:
         ({"user": "b"}, [("producer_ids_rate", 2.0)]),  # the proxy's key: the broker refuses it
         ({"user": "c"}, [("producer_byte_rate", 0.5)]),  # both refuse
     )
-    state = QuotaAlterBoth(service.validate(alterations_of(body)), body)
+    state = QuotaAlterBoth(await service.validate(alterations_of(body)), body)
 
     def entry(name: str, code: int, message: str | None) -> dict[str, Any]:
         return {
@@ -164,6 +164,20 @@ async def test_mode_both_merges_the_brokers_answer() -> None:
     ]
     assert server.enforcer.cfg.users["a"].producer_byte_rate == 5.0
     assert "b" not in server.enforcer.cfg.users  # stored only where both accepted
+
+
+async def test_ip_host_names_are_resolved_for_kafkas_text() -> None:
+    server = _server()
+    service = server.quota_api
+    assert service is not None
+    body = _kafka_alter(
+        ({"ip": "localhost"}, [("connection_creation_rate", 5.0)]),
+        ({"ip": "no-such-host.invalid"}, [("connection_creation_rate", 5.0)]),
+    )
+    result = await service.validate(alterations_of(body))
+    messages = [err.message for _e, err in result.results]
+    assert messages[0] is not None and messages[0].startswith("kthrottle: localhost is a host name")
+    assert messages[1] == "no-such-host.invalid is not a valid IP or resolvable host."
 
 
 # --- admin HTTP ------------------------------------------------------------------------------
