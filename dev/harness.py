@@ -243,6 +243,16 @@ def _admin_client(address: str, timeout_ms: int) -> Iterator[Any]:
 # --- cluster -----------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class BrokerTls:
+    """An SSL listener on every node, from PEM files: ``keystore`` holds the private key and the
+    certificate chain, ``truststore`` the CA certificates of clients (for ``client_auth``)."""
+
+    keystore: Path
+    truststore: Path
+    client_auth: str = "required"  # Kafka's ssl.client.auth: required, requested or none
+
+
 @dataclass
 class KafkaNode:
     """One KRaft combined-mode process (broker + controller). ``data_dir`` is the node's own directory."""
@@ -253,6 +263,12 @@ class KafkaNode:
     data_dir: Path
     process: subprocess.Popen[bytes] | None = None
     sasl_port: int = 0  # the SASL_PLAINTEXT listener, when the cluster has SASL users
+    ssl_port: int = 0  # the SSL listener, when the cluster has TLS
+
+    @property
+    def ssl_address(self) -> str:
+        """host:port of the SSL listener."""
+        return f"127.0.0.1:{self.ssl_port}"
 
     @property
     def address(self) -> str:
@@ -317,6 +333,7 @@ class KafkaCluster:
         workdir: Path | None = None,
         config: dict[str, str] | None = None,
         sasl_users: dict[str, str] | None = None,
+        tls: BrokerTls | None = None,
     ) -> None:
         """``sasl_users`` (name -> password) adds a SASL_PLAINTEXT listener where each user can
         log in with PLAIN or SCRAM-SHA-256; the PLAINTEXT listener stays for tools and checks."""
@@ -336,6 +353,11 @@ class KafkaCluster:
             for node in self.nodes:
                 node.sasl_port = free_port()
         self.sasl_bootstrap_servers = ",".join(n.sasl_address for n in self.nodes) if self.sasl_users else ""
+        self.tls = tls
+        if tls is not None:
+            for node in self.nodes:
+                node.ssl_port = free_port()
+        self.ssl_bootstrap_servers = ",".join(n.ssl_address for n in self.nodes) if tls else ""
         _live_clusters.add(self)
 
     # context manager -------------------------------------------------------------------------------------
@@ -405,6 +427,17 @@ class KafkaCluster:
             jaas = "listener.name.sasl_plaintext.{}.sasl.jaas.config"
             props[jaas.format("plain")] = f"{plain_module} required {plain_users};"
             props[jaas.format("scram-sha-256")] = f"{scram_module} required;"
+        if self.tls is not None:
+            listener = f"SSL://127.0.0.1:{node.ssl_port}"
+            props["listeners"] += "," + listener
+            props["advertised.listeners"] += "," + listener
+            props["listener.security.protocol.map"] += ",SSL:SSL"
+            prefix = "listener.name.ssl."
+            props[prefix + "ssl.keystore.type"] = "PEM"
+            props[prefix + "ssl.keystore.location"] = str(self.tls.keystore)
+            props[prefix + "ssl.truststore.type"] = "PEM"
+            props[prefix + "ssl.truststore.location"] = str(self.tls.truststore)
+            props[prefix + "ssl.client.auth"] = self.tls.client_auth
         props.update(self.config)
         return props
 

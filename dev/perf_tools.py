@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Mapping
+from pathlib import Path
 
 from dev.harness import java_command
 
@@ -28,8 +30,15 @@ def run(main: str, *args: str, timeout: float = 600) -> str:
 
 
 def produce(
-    bootstrap: str, topic: str, records: int, throughput: int, acks: str = "1", batch_size: int = 65536
+    bootstrap: str,
+    topic: str,
+    records: int,
+    throughput: int,
+    acks: str = "1",
+    batch_size: int = 65536,
+    props: Mapping[str, str] | None = None,
 ) -> dict[str, float]:
+    """ProducerPerformance's summary; ``props``: more producer settings (TLS, say)."""
     out = run(
         PRODUCER,
         "--topic",
@@ -45,6 +54,7 @@ def produce(
         f"acks={acks}",
         "linger.ms=5",
         f"batch.size={batch_size}",
+        *(f"{k}={v}" for k, v in (props or {}).items()),
     )
     match = _SUMMARY.findall(out)
     if not match:
@@ -59,7 +69,9 @@ def produce(
     }
 
 
-def consume(bootstrap: str, topic: str, records: int) -> dict[str, float]:
+def consume(bootstrap: str, topic: str, records: int, command_config: Path | None = None) -> dict[str, float]:
+    """ConsumerPerformance's summary; ``command_config``: a properties file of more settings."""
+    extra = ["--consumer.config", str(command_config)] if command_config is not None else []
     out = run(
         CONSUMER,
         "--bootstrap-server",
@@ -70,6 +82,7 @@ def consume(bootstrap: str, topic: str, records: int) -> dict[str, float]:
         str(records),
         "--timeout",
         "120000",
+        *extra,
     )
     rows = [line for line in out.splitlines() if line[:1].isdigit()]
     if not rows:

@@ -115,9 +115,11 @@ def steady_producer(
     stop: threading.Event,
     acked: list[tuple[float, int]],
     value_size: int = 16 * 1024,
+    extra: dict[str, Any] | None = None,
 ) -> None:
-    """librdkafka producing ``offered_bps`` of ``value_size`` values until ``stop``; appends
-    (monotonic time, bytes) per acknowledged message to ``acked``. Batches of 16 KiB, Java's
+    """librdkafka producing ``offered_bps`` of ``value_size`` values until ``stop`` (``extra``:
+    more client settings, e.g. TLS); appends (monotonic time, bytes) per acknowledged message to
+    ``acked``. Batches of 16 KiB, Java's
     producer's default: what a client has in flight when its connection is muted is read after the
     mute, so Kafka's (and the proxy's) quota lets it through on top of the quota; librdkafka's
     default of 1 MB batches makes that a large share of quota x window."""
@@ -131,6 +133,7 @@ def steady_producer(
             "linger.ms": 5,
             "batch.size": 16384,
             "queue.buffering.max.kbytes": 4096,
+            **(extra or {}),
         }
     )
 

@@ -44,6 +44,10 @@ class BrokerDirectory:
             # Each broker's sidecar listens on the same port in its own pod.
             return (cfg.sidecar.advertised_host or host, cfg.sidecar.listen_port)
         assert cfg.gateway is not None
+        sni = cfg.gateway.sni
+        if sni.enabled:
+            # One port for all; the name the client connects with says which broker it wants.
+            return sni.broker_host(node_id), sni.advertised_port or cfg.gateway.bootstrap_port
         proxy_port = cfg.gateway.port_for(node_id)
         if proxy_port is None:
             raise LookupError(f"no proxy port configured for broker node {node_id}")

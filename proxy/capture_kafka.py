@@ -28,9 +28,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from proxy.capture import Row
-from proxy.config import CaptureKafkaConfig, ProxyConfig, UpstreamSasl, capture_bootstrap
+from proxy.config import CaptureKafkaConfig, ProxyConfig, capture_bootstrap, default_security_protocol
 from proxy.metrics import ProxyMetrics
 from proxy.ratelog import RateLimitedLog
+from proxy.tls import client_context
 from quota import capture_json
 from quota.capture_schema import CAPTURE_SCHEMA_VERSION, CAPTURE_VERSION_KEY
 
@@ -52,16 +53,19 @@ def compression(kcfg: CaptureKafkaConfig) -> str | None:
     return "zstd" if has_zstd() else "gzip"
 
 
-def security(sasl: UpstreamSasl | None) -> dict[str, Any]:
-    """kafka-python security settings from the proxy's own upstream login (none: plaintext)."""
-    if sasl is None:
-        return {}
-    return {
-        "security_protocol": "SASL_PLAINTEXT",
-        "sasl_mechanism": sasl.mechanism,
-        "sasl_plain_username": sasl.username,
-        "sasl_plain_password": sasl.secret(),
-    }
+def security(cfg: ProxyConfig) -> dict[str, Any]:
+    """kafka-python security settings from the proxy's own upstream TLS and login (none: plaintext)."""
+    out: dict[str, Any] = {"security_protocol": default_security_protocol(cfg)}
+    if cfg.upstream_tls.enabled:
+        out["ssl_context"] = client_context(cfg.upstream_tls)
+    sasl = cfg.upstream_sasl
+    if sasl is not None:
+        out.update(
+            sasl_mechanism=sasl.mechanism,
+            sasl_plain_username=sasl.username,
+            sasl_plain_password=sasl.secret(),
+        )
+    return out
 
 
 def producer_config(
@@ -115,7 +119,7 @@ class KafkaSink:
         bootstrap: list[str],
         metrics: ProxyMetrics,
         instance: str,
-        sasl: UpstreamSasl | None = None,
+        security: dict[str, Any] | None = None,  # kafka-python TLS/SASL settings (security())
         connect_timeout_s: float = 10.0,
         producer_factory: Callable[..., Any] | None = None,
         admin_factory: Callable[..., Any] | None = None,
@@ -125,7 +129,7 @@ class KafkaSink:
         self.bootstrap = bootstrap
         self.metrics = metrics
         self.instance = instance
-        self.sasl = sasl
+        self.security = dict(security or {})
         self.connect_timeout_s = connect_timeout_s
         self.close_seconds = kcfg.close_timeout_seconds + 1.0
         self.clock = clock
@@ -148,7 +152,7 @@ class KafkaSink:
     def _client_config(self) -> dict[str, Any]:
         client_id = f"kthrottle-capture-{self.instance}"
         cfg = producer_config(self.kcfg, self.bootstrap, client_id, self.connect_timeout_s)
-        cfg.update(security(self.sasl))
+        cfg.update(self.security)
         return cfg
 
     def _connect(self) -> Any:
@@ -355,6 +359,6 @@ def kafka_sink(cfg: ProxyConfig, metrics: ProxyMetrics, instance: str) -> KafkaS
         capture_bootstrap(cfg),
         metrics,
         instance,
-        sasl=cfg.upstream_sasl,
+        security=security(cfg),
         connect_timeout_s=cfg.connect_timeout_seconds,
     )

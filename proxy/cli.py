@@ -58,6 +58,30 @@ async def serve(cfg: ProxyConfig, ready_file: Path | None = None, config_path: P
     log.info("stopped")
 
 
+def check_config(path: Path, cfg: ProxyConfig) -> int:
+    """`kthrottle check-config`: the config is valid; print what it enforces (exit 0)."""
+    import yaml
+
+    quotas = cfg.quotas.model_dump(mode="json", by_alias=True, exclude_none=True)
+    for entities in (quotas["users"], quotas["clients"]):
+        for entity in entities.values():
+            if entity.get("scope") == "instance":
+                del entity["scope"]  # the default: only a cluster scope is worth a line
+            for client in entity.get("clients", {}).values():
+                if client.get("scope") == "instance":
+                    del client["scope"]
+            if entity.get("clients") == {}:
+                del entity["clients"]
+    tls = "TLS" + (f" (client certificates {cfg.tls.client_auth})" if cfg.tls.client_auth != "none" else "")
+    print(
+        f"{path}: ok ({cfg.mode} mode, clients over {tls if cfg.tls.enabled else 'plaintext'}, "
+        f"brokers over {'TLS' if cfg.upstream_tls.enabled else 'plaintext'})"
+    )
+    print("# effective quotas from the file (quotas altered through the Kafka Admin API come on top)")
+    print(yaml.safe_dump({"quotas": quotas}, sort_keys=False), end="")
+    return 0
+
+
 def capture_export(args: argparse.Namespace) -> int:
     """`kthrottle capture-export`: exit 0 when done, 2 when refused (nothing written then)."""
     from proxy.capture_export import ExportError, export
@@ -76,7 +100,7 @@ def capture_export(args: argparse.Namespace) -> int:
             cfg = load_config(args.config)
             bootstrap = capture_bootstrap(cfg)
             topic = topic or cfg.capture.kafka.topic
-            secure = security(cfg.upstream_sasl)
+            secure = security(cfg)
     except (ConfigError, OSError) as exc:
         print(f"kthrottle: {exc}", file=sys.stderr)
         return 2
@@ -177,8 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kthrottle: {exc}", file=sys.stderr)
         return 2
     if args.command == "check-config":
-        print(f"{args.config}: ok ({cfg.mode} mode)")
-        return 0
+        return check_config(args.config, cfg)
     logging.basicConfig(
         level=cfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
@@ -189,7 +212,13 @@ def main(argv: list[str] | None = None) -> int:
         secrets.register(cfg.upstream_sasl.password)
     loop_kind = _install_uvloop()
     log.info("kthrottle starting (%s mode, %s)", cfg.mode, loop_kind)
-    asyncio.run(serve(cfg, args.ready_file, args.config))
+    from proxy.tls import TlsConfigError
+
+    try:
+        asyncio.run(serve(cfg, args.ready_file, args.config))
+    except TlsConfigError as exc:
+        log.error("%s", exc)
+        return 2
     return 0
 
 

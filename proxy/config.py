@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from protocol.frames import DEFAULT_MAX_FRAME_BYTES
 from quota.config import QuotaConfig
+from quota.principal_mapping import DEFAULT_RULES, PrincipalMapper
 from quota.volume_config import VolumeConfig
 
 M = TypeVar("M", bound=BaseModel)
@@ -72,6 +73,100 @@ class QuotaApiConfig(Strict):
         return value
 
 
+class TlsFiles(Strict):
+    """PEM files of one side's TLS: its own certificate and key, and the CA it trusts.
+
+    The files are read again when they change on disk (checked at most every
+    ``reload_check_seconds``), so a rotated certificate takes effect for new connections
+    without a restart; a change that does not load is logged and the last good one kept.
+    """
+
+    enabled: bool = False
+    certfile: Path | None = None
+    keyfile: Path | None = None
+    # Password of an encrypted keyfile, kept in a file of its own (never in the config).
+    key_password_file: Path | None = None
+    cafile: Path | None = None
+    min_version: Literal["TLSv1.2", "TLSv1.3"] = "TLSv1.2"
+    reload_check_seconds: float = Field(5.0, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _pair(self) -> TlsFiles:
+        if (self.certfile is None) != (self.keyfile is None):
+            raise ValueError("give certfile and keyfile together")
+        return self
+
+
+class ListenerTls(TlsFiles):
+    """TLS on the client-facing listeners, optionally with client certificates (mTLS).
+
+    The principal of a client with a certificate is its subject, mapped by
+    ``principal_mapping_rules`` as Kafka's ``ssl.principal.mapping.rules`` maps it; a client
+    that logs in with SASL over TLS is the SASL user instead, as on a broker.
+    """
+
+    client_auth: Literal["none", "requested", "required"] = "none"
+    principal_mapping_rules: list[str] = Field(default_factory=lambda: list(DEFAULT_RULES))
+
+    @model_validator(mode="after")
+    def _listener(self) -> ListenerTls:
+        if not self.enabled:
+            return self
+        if self.certfile is None:
+            raise ValueError("tls.enabled needs certfile and keyfile (the proxy's server certificate)")
+        if self.client_auth != "none" and self.cafile is None:
+            raise ValueError(f"client_auth {self.client_auth} needs cafile (the CA of client certificates)")
+        PrincipalMapper(self.principal_mapping_rules)
+        return self
+
+
+class UpstreamTls(TlsFiles):
+    """TLS from the proxy to the brokers: the CA that signed them and, for brokers that want
+    client certificates, the proxy's own."""
+
+    check_hostname: bool = True
+
+
+class SniConfig(Strict):
+    """Route by TLS server name on the bootstrap port, instead of a port per broker.
+
+    Clients are told ``broker_host_template`` (with ``{node_id}``) for each broker and
+    ``advertised_port`` (default: the bootstrap port), and DNS sends all those names to the proxy.
+    """
+
+    enabled: bool = False
+    bootstrap_host: str = ""
+    broker_host_template: str = ""
+    advertised_port: int | None = Field(None, gt=0, le=65535)
+
+    @model_validator(mode="after")
+    def _names(self) -> SniConfig:
+        if not self.enabled:
+            return self
+        if not self.bootstrap_host:
+            raise ValueError("sni.enabled needs bootstrap_host (the name clients bootstrap with)")
+        if self.broker_host_template.count("{node_id}") != 1:
+            raise ValueError(
+                "broker_host_template must contain {node_id} once, e.g. b{node_id}.kafka.example.com"
+            )
+        if self.broker_node(self.bootstrap_host) is not None:
+            raise ValueError("bootstrap_host must not match broker_host_template")
+        return self
+
+    def broker_host(self, node_id: int) -> str:
+        return self.broker_host_template.replace("{node_id}", str(node_id))
+
+    def broker_node(self, server_name: str) -> int | None:
+        """The node id a server name stands for, or None when it names no broker."""
+        head, _, tail = self.broker_host_template.partition("{node_id}")
+        name = server_name.lower().rstrip(".")
+        head, tail = head.lower(), tail.lower()
+        if not (name.startswith(head) and name.endswith(tail)) or len(name) <= len(head) + len(tail):
+            return None
+        middle = name[len(head) : len(name) - len(tail)]
+        return int(middle) if middle.isdigit() else None
+
+
 class GatewayConfig(Strict):
     """A bootstrap port plus one port per broker node (a fixed map, else base_port + node_id)."""
 
@@ -79,6 +174,7 @@ class GatewayConfig(Strict):
     broker_port_base: int | None = Field(9100, ge=0, le=65535)
     broker_ports: dict[int, int] = Field(default_factory=dict)
     upstream_bootstrap: list[str] = Field(min_length=1)
+    sni: SniConfig = Field(default_factory=SniConfig)
 
     @field_validator("upstream_bootstrap")
     @classmethod
@@ -89,7 +185,7 @@ class GatewayConfig(Strict):
 
     @model_validator(mode="after")
     def _ports_known(self) -> GatewayConfig:
-        if self.broker_port_base is None and not self.broker_ports:
+        if self.broker_port_base is None and not self.broker_ports and not self.sni.enabled:
             raise ValueError("set broker_port_base or broker_ports so every broker node gets a proxy port")
         for node, port in self.broker_ports.items():
             if not 0 < port < 65536 or node < 0:
@@ -263,6 +359,8 @@ class ProxyConfig(Strict):
     drain_seconds: float = Field(10.0, ge=0, le=600)
     metadata_refresh_seconds: float = Field(30.0, gt=0, le=3600)
     admin: AdminConfig = Field(default_factory=AdminConfig)
+    tls: ListenerTls = Field(default_factory=ListenerTls)
+    upstream_tls: UpstreamTls = Field(default_factory=UpstreamTls)
     upstream_sasl: UpstreamSasl | None = None
     quotas: QuotaConfig = Field(default_factory=QuotaConfig)
     # Quotas kept in a file of their own (``quotas:`` at its top, as `kthrottle tune` writes it),
@@ -291,6 +389,8 @@ class ProxyConfig(Strict):
             raise ValueError("mode gateway needs a 'gateway' section with upstream_bootstrap")
         if self.mode == "sidecar" and self.sidecar is None:
             raise ValueError("mode sidecar needs a 'sidecar' section")
+        if self.gateway is not None and self.gateway.sni.enabled and not self.tls.enabled:
+            raise ValueError("gateway.sni needs tls.enabled: the server name comes in the TLS handshake")
         self._capture_goes_direct()
         return self
 
@@ -320,6 +420,14 @@ def capture_bootstrap(cfg: ProxyConfig) -> list[str]:
     if cfg.capture.kafka.bootstrap_servers:
         return list(cfg.capture.kafka.bootstrap_servers)
     return [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in upstream_addresses(cfg)]
+
+
+def default_security_protocol(cfg: ProxyConfig) -> str:
+    """Kafka's name for how the proxy's own clients reach the brokers (upstream TLS and SASL)."""
+    tls = cfg.upstream_tls.enabled
+    if cfg.upstream_sasl is not None:
+        return "SASL_SSL" if tls else "SASL_PLAINTEXT"
+    return "SSL" if tls else "PLAINTEXT"
 
 
 def exchange_addresses(cfg: ProxyConfig) -> list[str]:

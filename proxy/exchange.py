@@ -22,7 +22,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from proxy.config import ProxyConfig, exchange_addresses
+from proxy.config import ProxyConfig, default_security_protocol, exchange_addresses
+from proxy.tls import client_context
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +42,17 @@ class ExchangeSettings:
     def of(cls, cfg: ProxyConfig) -> ExchangeSettings:
         ex = cfg.exchange
         kwargs: dict[str, Any] = {}
-        protocol = ex.security_protocol or ("SASL_PLAINTEXT" if cfg.upstream_sasl else "PLAINTEXT")
+        protocol = ex.security_protocol or default_security_protocol(cfg)
         kwargs["security_protocol"] = protocol
         if protocol in ("SSL", "SASL_SSL"):
-            context = ssl.create_default_context(cafile=str(ex.ssl_cafile) if ex.ssl_cafile else None)
-            if ex.ssl_certfile is not None and ex.ssl_keyfile is not None:
-                context.load_cert_chain(str(ex.ssl_certfile), str(ex.ssl_keyfile))
-            kwargs["ssl_context"] = context
+            own_files = ex.ssl_cafile is not None or ex.ssl_certfile is not None
+            if cfg.upstream_tls.enabled and not own_files:
+                kwargs["ssl_context"] = client_context(cfg.upstream_tls)
+            else:
+                context = ssl.create_default_context(cafile=str(ex.ssl_cafile) if ex.ssl_cafile else None)
+                if ex.ssl_certfile is not None and ex.ssl_keyfile is not None:
+                    context.load_cert_chain(str(ex.ssl_certfile), str(ex.ssl_keyfile))
+                kwargs["ssl_context"] = context
         if protocol.startswith("SASL"):
             if cfg.upstream_sasl is None:
                 raise ValueError(f"exchange security_protocol {protocol} needs upstream_sasl credentials")

@@ -35,6 +35,11 @@ class ProxyMetrics:
             ["reason"],
             registry=r,
         )
+        self.tls_handshake_failures = Counter(
+            "kthrottle_tls_handshake_failures",
+            "Client TLS handshakes that failed: a certificate refused, or closed mid-handshake",
+            registry=r,
+        )
         self.rewritten_addresses = Counter(
             "kthrottle_rewritten_addresses", "Broker addresses replaced in responses", registry=r
         )

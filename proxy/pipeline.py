@@ -53,7 +53,9 @@ from proxy.throttling import (
     fetch_request_info,
     throttled_fetch_response,
 )
+from proxy.tls import server_name
 from quota.keys import ANONYMOUS
+from quota.principal_mapping import NoMatchingRule
 from quota.volume import VolumeState
 
 if TYPE_CHECKING:
@@ -187,6 +189,7 @@ class Pipeline:
         self._upstream_pauses: set[str] = set()
         self.closed = False
         self.user = ANONYMOUS  # the authenticated principal, once the proxy knows it
+        self.node_id = listener.node_id  # the broker this connection stands for (None: bootstrap)
         self.sasl = SaslTracker()
         self._mute_until = 0.0
         self._mute_handle: asyncio.TimerHandle | None = None
@@ -202,6 +205,8 @@ class Pipeline:
         self.metrics = server.metrics
         server.pipeline_opened(self)
         self._connect_task: asyncio.Task[None] | None = None
+        if not self._tls_identity(client.get_extra_info("ssl_object")):
+            return
         hold_ms = server.enforcer.on_connection(peer[0]) if isinstance(peer, tuple) else 0
         if hold_ms:
             # KIP-612: an IP over its connection rate is accepted but never read from, and closed
@@ -215,18 +220,52 @@ class Pipeline:
         self.pause_client("connecting")
         self._connect_task = self.loop.create_task(self._connect())
 
+    def _tls_identity(self, ssl_object: Any) -> bool:
+        """Take the principal from the client certificate and, with SNI routing, the broker from
+        the server name; False when the connection is refused (and closed) for either."""
+        tls = self.server.tls
+        if tls is None or ssl_object is None:
+            return True
+        tls.completed(ssl_object)
+        try:
+            self.user = tls.principal(ssl_object)
+        except NoMatchingRule as exc:
+            self.reject(f"TLS client certificate: {exc}", "tls-principal")
+            return False
+        gateway = self.server.cfg.gateway
+        if gateway is None or not gateway.sni.enabled or self.listener.node_id is not None:
+            return True
+        name = server_name(ssl_object)
+        if name is None or name.lower().rstrip(".") == gateway.sni.bootstrap_host.lower():
+            return True  # bootstrap (so is a client that sends no name, e.g. one using an address)
+        node = gateway.sni.broker_node(name)
+        if node is None:
+            self.reject(
+                f"TLS server name {name!r} names neither the bootstrap nor a broker", "tls-server-name"
+            )
+            return False
+        self.node_id = node
+        return True
+
     # --- lifecycle -----------------------------------------------------------------------------
 
     async def _connect(self) -> None:
-        targets = self.server.brokers.upstream_for(self.listener.node_id)
+        targets = self.server.brokers.upstream_for(self.node_id)
         if not targets:
-            self.close(f"no known address for broker node {self.listener.node_id}")
+            self.close(f"no known address for broker node {self.node_id}")
             return
         last: BaseException | None = None
         for host, port in targets:
+            tls = self.server.upstream_ssl()
             try:
                 transport, _ = await asyncio.wait_for(
-                    self.loop.create_connection(lambda: _UpstreamProtocol(self), host, port),
+                    self.loop.create_connection(
+                        lambda: _UpstreamProtocol(self),
+                        host,
+                        port,
+                        ssl=tls,
+                        server_hostname=host if tls else None,
+                    ),
                     self.server.cfg.connect_timeout_seconds,
                 )
             except (TimeoutError, OSError) as exc:
@@ -709,7 +748,7 @@ class Pipeline:
             capture.record(
                 draft.row(
                     capture.instance,
-                    self.listener.node_id,
+                    self.node_id,
                     self.id,
                     self.peer,
                     self.user,

@@ -52,6 +52,17 @@ class QuotaCollector(Collector):
             parts = [((t, str(p)), r.measure(now), r.throttled_ms) for (t, p), r in quotas.partitions.items()]
             self._bounded((prate, pthrottle), sorted(parts, key=lambda row: -row[1]), prefix=(direction,))
         yield from (rate, throttle, prate, pthrottle)
+        tracked = GaugeMetricFamily(
+            "kthrottle_quota_tracked",
+            "Byte-rate quota state held in memory: buckets (user, client-id) and topic-partitions; "
+            "idle ones expire after quotas.idle_expiry_seconds",
+            labels=["direction", "kind"],
+        )
+        for quotas in (self.enforcer.produce, self.enforcer.fetch):
+            direction = "produce" if quotas.produce else "fetch"
+            tracked.add_metric([direction, "buckets"], len(quotas.clients))
+            tracked.add_metric([direction, "partitions"], len(quotas.partitions))
+        yield tracked
         yield from self._mutations(now)
         yield from self._producer_ids(now)
         yield from self._request_time(now)

@@ -23,6 +23,8 @@ _RESTART_ONLY = (
     "admin",
     "max_frame_bytes",
     "capture",
+    "tls",  # the certificate files themselves reload when they change on disk
+    "upstream_tls",
 )
 
 

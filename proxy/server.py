@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from dataclasses import dataclass, field
 
 from proxy.brokers import BrokerDirectory
@@ -15,13 +16,17 @@ from proxy.metrics import ProxyMetrics
 from proxy.pipeline import Pipeline, _ClientProtocol
 from proxy.quota_api import QuotaApiService
 from proxy.quota_metrics import QuotaCollector
+from proxy.ratelog import RateLimitedLog
 from proxy.throttling import QuotaEnforcer
+from proxy.tls import ListenerTlsContext, upstream_context
 from proxy.topic_catalog import TopicCatalog
-from proxy.upstream_client import PlainCredentials, fetch_brokers
+from proxy.upstream_client import PlainCredentials, UpstreamLogin, fetch_brokers
 from proxy.volume_service import VolumeService
 from quota.entities import any_cluster_scope
 
 log = logging.getLogger(__name__)
+handshake_log = RateLimitedLog(log)
+EXPIRY_SWEEP_SECONDS = 5.0  # how often idle quota state is looked for without traffic
 
 
 @dataclass
@@ -39,20 +44,21 @@ class ProxyServer:
     def __init__(self, cfg: ProxyConfig, metrics: ProxyMetrics | None = None) -> None:
         self.cfg = cfg
         self.metrics = metrics or ProxyMetrics()
+        # TLS files that do not load refuse the start (TlsConfigError names them).
+        self.tls = ListenerTlsContext(cfg.tls, on_failure=self._handshake_failed) if cfg.tls.enabled else None
+        self.upstream_tls = upstream_context(cfg.upstream_tls)
         self.brokers = BrokerDirectory(cfg, on_new_node=self._on_new_node)
         self.enforcer = QuotaEnforcer(cfg.quotas, self.metrics)
         self.catalog = TopicCatalog(
             lambda: [*self.brokers.real.values(), *self.brokers.bootstrap],
             lambda: sorted(self.brokers.real),
             cfg.connect_timeout_seconds,
-            self.upstream_credentials,
+            self.upstream_login,
         )
         self.metrics.registry.register(QuotaCollector(self.enforcer, cfg.quotas.metrics_max_series))
         self.capture = self._capture_writer(cfg) if cfg.capture.enabled else None
         self.volume = (
-            VolumeService(cfg, self.metrics.registry, self.upstream_credentials)
-            if cfg.volume.enabled
-            else None
+            VolumeService(cfg, self.metrics.registry, self.upstream_login) if cfg.volume.enabled else None
         )
         self.cluster_quotas = (
             ClusterQuotaService(cfg, self.enforcer, self.metrics.registry)
@@ -70,6 +76,7 @@ class ProxyServer:
         self.draining = False
         self.upstream_ready = False
         self._refresh_task: asyncio.Task[None] | None = None
+        self._expiry_task: asyncio.Task[None] | None = None
         self._opening: dict[int, asyncio.Task[None]] = {}
 
     def _capture_writer(self, cfg: ProxyConfig) -> CaptureWriter:
@@ -99,6 +106,7 @@ class ProxyServer:
             await self._open("sidecar", cfg.sidecar.listen_port, None)
             await self._refresh_brokers(required=False)
         self._refresh_task = asyncio.get_running_loop().create_task(self._refresh_loop())
+        self._expiry_task = asyncio.get_running_loop().create_task(self._expiry_loop())
         if self.volume is not None:
             self.volume.start()
         if self.cluster_quotas is not None:
@@ -113,6 +121,8 @@ class ProxyServer:
             port,
             reuse_address=True,
             backlog=1024,
+            ssl=self.tls.listening if self.tls is not None else None,
+            ssl_handshake_timeout=self.cfg.connect_timeout_seconds if self.tls is not None else None,
         )
         sock = listener.server.sockets[0]
         listener.port = sock.getsockname()[1]
@@ -133,7 +143,7 @@ class ProxyServer:
 
     def _ensure_listener(self, node_id: int) -> asyncio.Task[None] | None:
         """Open node ``node_id``'s listener once; returns the task to await, if any is under way."""
-        if self.cfg.mode != "gateway" or f"broker-{node_id}" in self.listeners:
+        if self.cfg.mode != "gateway" or f"broker-{node_id}" in self.listeners or self.sni_routing:
             return None
         task = self._opening.get(node_id)
         if task is None:
@@ -150,15 +160,26 @@ class ProxyServer:
     def _on_new_node(self, node_id: int) -> None:
         self._ensure_listener(node_id)
 
-    def upstream_credentials(self) -> PlainCredentials | None:
-        """The proxy's own login to the brokers, if the config has one (read at each use)."""
+    @property
+    def sni_routing(self) -> bool:
+        """Gateway mode with one TLS port for all brokers, told apart by the server name."""
+        return self.cfg.gateway is not None and self.cfg.gateway.sni.enabled
+
+    def upstream_ssl(self) -> ssl.SSLContext | None:
+        """The TLS context for connections to brokers (the newest certificates), if configured."""
+        return self.upstream_tls.current() if self.upstream_tls is not None else None
+
+    def upstream_login(self) -> UpstreamLogin:
+        """The proxy's own way in to the brokers: TLS and SASL login, as configured (read at each
+        use, so rotated files apply)."""
         sasl = self.cfg.upstream_sasl
-        return PlainCredentials(sasl.username, sasl.secret()) if sasl is not None else None
+        creds = PlainCredentials(sasl.username, sasl.secret()) if sasl is not None else None
+        return UpstreamLogin(creds, self.upstream_ssl())
 
     async def _refresh_brokers(self, required: bool) -> None:
         try:
-            creds = self.upstream_credentials()
-            nodes = await fetch_brokers(self.brokers.bootstrap, self.cfg.connect_timeout_seconds, creds)
+            login = self.upstream_login()
+            nodes = await fetch_brokers(self.brokers.bootstrap, self.cfg.connect_timeout_seconds, login)
         except (ConnectionError, OSError) as exc:  # OSError: an unreadable password_file
             self.upstream_ready = False
             self.metrics.upstream_errors.labels("metadata").inc()
@@ -169,6 +190,14 @@ class ProxyServer:
         self.upstream_ready = True
         for node_id, host, port in nodes:
             self.brokers.learn(node_id, host, port)
+
+    async def _expiry_loop(self) -> None:
+        while True:
+            await asyncio.sleep(EXPIRY_SWEEP_SECONDS)
+            try:
+                self.enforcer.expire_idle()
+            except Exception:  # never let the sweep die: memory would grow unbounded
+                log.exception("quota state expiry failed")
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -192,10 +221,11 @@ class ProxyServer:
             await asyncio.sleep(0.05)
         for pipeline in list(self.pipelines):
             pipeline.close(f"drain grace of {grace}s over with {len(pipeline.in_flight)} requests in flight")
-        if self._refresh_task is not None:
-            self._refresh_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresh_task
+        for task in (self._refresh_task, self._expiry_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for task in list(self._opening.values()):
             task.cancel()
         for listener in self.listeners.values():
@@ -222,6 +252,16 @@ class ProxyServer:
         if pipeline in self.pipelines:
             self.pipelines.discard(pipeline)
             self.metrics.connections_active.labels(pipeline.listener.name).dec()
+
+    def _handshake_failed(self) -> None:
+        """A client's TLS handshake failed: the client saw the TLS alert; the operator sees this."""
+        self.metrics.tls_handshake_failures.inc()
+        handshake_log.log(
+            logging.WARNING,
+            "tls",
+            "a client TLS handshake failed (its certificate refused, no certificate where one is "
+            "required, or the connection closed mid-handshake)",
+        )
 
     def port_of(self, name: str) -> int:
         return self.listeners[name].port

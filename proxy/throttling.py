@@ -82,6 +82,20 @@ class QuotaEnforcer:
     def dry_run(self) -> bool:
         return self.cfg.dry_run
 
+    def expire_idle(self) -> int:
+        """Drop idle quota state even when no request comes to do it (each table expires on its
+        own traffic otherwise, so a burst of client ids followed by silence would stay forever)."""
+        now = self.now_ms()
+        tables = (
+            self.produce,
+            self.fetch,
+            self.mutations,
+            self.producer_ids,
+            self.request_time,
+            self.connections,
+        )
+        return sum(table.maybe_expire(now) for table in tables)
+
     def reconfigure(self, cfg: QuotaConfig) -> None:
         self.cfg = cfg
         self.produce.reconfigure(cfg)

@@ -17,7 +17,7 @@ from typing import Any
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.mutations import TopicRef
-from proxy.upstream_client import METADATA_VERSION, PlainCredentials, request
+from proxy.upstream_client import METADATA_VERSION, UpstreamLogin, request
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class TopicCatalog:
         addresses: Callable[[], Sequence[tuple[str, int]]],
         node_ids: Callable[[], Sequence[int]],
         timeout: float,
-        credentials: Callable[[], PlainCredentials | None],
+        credentials: Callable[[], UpstreamLogin],
         ttl_seconds: float = 5.0,
     ) -> None:
         self._addresses = addresses

@@ -1,14 +1,16 @@
 """A minimal Kafka client for the proxy's own questions to the cluster (which brokers exist).
 
-When the upstream listener requires SASL, the proxy logs in with its own PLAIN credentials
-(``upstream_sasl`` in the config) before asking.
+When the upstream listener requires TLS, the proxy connects with its own TLS context
+(``upstream_tls``); when it requires SASL, the proxy logs in with its own PLAIN credentials
+(``upstream_sasl``) before asking.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from protocol import messages
@@ -23,7 +25,16 @@ SASL_AUTHENTICATE_VERSION = 2
 @dataclass(frozen=True)
 class PlainCredentials:
     username: str
-    password: str
+    password: str = field(repr=False)
+
+
+@dataclass(frozen=True)
+class UpstreamLogin:
+    """How the proxy itself reaches a broker: over TLS with this context, and logged in with
+    SASL PLAIN; either may be absent."""
+
+    sasl: PlainCredentials | None = None
+    tls: ssl.SSLContext | None = None
 
 
 class _Connection:
@@ -64,21 +75,22 @@ async def request(
     version: int,
     body: dict[str, Any],
     timeout: float,
-    sasl: PlainCredentials | None = None,
+    login: UpstreamLogin | None = None,
 ) -> dict[str, Any]:
     """Send one request on a fresh connection (logging in first if asked) and decode the response."""
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    tls = login.tls if login is not None else None
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=tls), timeout)
     try:
         conn = _Connection(reader, writer, timeout)
-        if sasl is not None:
-            await conn.login(sasl)
+        if login is not None and login.sasl is not None:
+            await conn.login(login.sasl)
         return await conn.call(api_key, version, body)
     finally:
         writer.close()
 
 
 async def fetch_brokers(
-    addresses: list[tuple[str, int]], timeout: float, sasl: PlainCredentials | None = None
+    addresses: list[tuple[str, int]], timeout: float, login: UpstreamLogin | None = None
 ) -> list[tuple[int, str, int]]:
     """(node_id, host, port) of every live broker, from the first bootstrap address that answers."""
     last: BaseException | None = None
@@ -91,7 +103,7 @@ async def fetch_brokers(
                 METADATA_VERSION,
                 {"topics": [], "allow_auto_topic_creation": False},
                 timeout,
-                sasl,
+                login,
             )
         except (TimeoutError, OSError, asyncio.IncompleteReadError, ConnectionError) as exc:
             last = exc

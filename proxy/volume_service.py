@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from proxy.config import ProxyConfig, upstream_addresses
 from proxy.exchange import CompactedTopic, ExchangeSettings, exchange_metrics
-from proxy.upstream_client import PlainCredentials, fetch_brokers
+from proxy.upstream_client import UpstreamLogin, fetch_brokers
 from proxy.volume_usage import Usage, describe_log_dirs_usage, statvfs_usage
 from quota.volume import VolumeQuotas, VolumeState, VolumeVerdict
 from quota.volume_config import VolumeConfig
@@ -88,7 +88,7 @@ class VolumeService:
         self,
         cfg: ProxyConfig,
         registry: CollectorRegistry,
-        credentials: Callable[[], PlainCredentials | None],
+        credentials: Callable[[], UpstreamLogin],
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.cfg = cfg

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from protocol.api_keys import ApiKey
-from proxy.upstream_client import PlainCredentials, request
+from proxy.upstream_client import UpstreamLogin, request
 
 DESCRIBE_LOG_DIRS_VERSION = 4  # the first with total and usable bytes (KIP-827)
 
@@ -37,11 +37,13 @@ def statvfs_usage(log_dirs: Sequence[str]) -> list[Usage]:
 
 
 async def describe_log_dirs_usage(
-    host: str, port: int, timeout: float, sasl: PlainCredentials | None = None
+    host: str, port: int, timeout: float, login: UpstreamLogin | None = None
 ) -> list[Usage]:
     """One broker's log dirs, asked of that broker (each broker answers for its own disks)."""
     body: dict[str, Any] = {"topics": []}  # no partitions: the log dirs' totals only
-    resp = await request(host, port, ApiKey.DESCRIBE_LOG_DIRS, DESCRIBE_LOG_DIRS_VERSION, body, timeout, sasl)
+    resp = await request(
+        host, port, ApiKey.DESCRIBE_LOG_DIRS, DESCRIBE_LOG_DIRS_VERSION, body, timeout, login
+    )
     code = int(resp.get("error_code", 0))
     if code:
         raise ConnectionError(f"DescribeLogDirs to {host}:{port} failed with error {code}")

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dev.harness import KafkaCluster, free_port
 from dev.proxy_process import REPO, ProxyProcess, gateway_config, sidecar_config
@@ -161,3 +162,42 @@ def test_bad_config_is_refused_with_line_and_field(tmp_path: Path) -> None:
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_check_config_prints_the_effective_quotas(tmp_path: Path) -> None:
+    cfg = tmp_path / "kthrottle.yaml"
+    cfg.write_text(
+        "gateway: {upstream_bootstrap: ['127.0.0.1:9092']}\nquotas_file: quotas.yaml\n"
+        "tls: {enabled: true, certfile: s.crt, keyfile: s.key, cafile: ca.crt, client_auth: required}\n"
+    )
+    (tmp_path / "quotas.yaml").write_text("quotas:\n  users:\n    alice: {producer_byte_rate: 1048576}\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "check-config", str(cfg)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    first, _, rest = proc.stdout.partition("\n")
+    assert "clients over TLS (client certificates required)" in first
+    printed = yaml.safe_load(rest)
+    assert printed["quotas"]["users"] == {"alice": {"producer_byte_rate": 1048576}}
+
+
+def test_certificate_files_that_do_not_load_refuse_the_start(tmp_path: Path) -> None:
+    cfg = tmp_path / "kthrottle.yaml"
+    missing = tmp_path / "missing.crt"
+    cfg.write_text(
+        "mode: sidecar\nsidecar: {upstream: '127.0.0.1:9093', listen_port: 0}\nadmin: {enabled: false}\n"
+        f"tls: {{enabled: true, certfile: {missing}, keyfile: {tmp_path / 'missing.key'}}}\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "run", "--config", str(cfg)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert str(missing) in proc.stderr and "do not load" in proc.stderr

@@ -1,0 +1,115 @@
+"""Throughput through kthrottle with TLS on both sides versus TLS straight to the broker, side by side.
+
+The broker has an SSL listener that requires client certificates. Kafka's own perf tools run
+alternately (a) straight to that listener with a client certificate, and (b) through kthrottle,
+whose client listener is TLS with client certificates (mTLS) and whose broker link is TLS with
+its own certificate: the proxy decrypts, reads and re-encrypts every byte. Prints per-round
+figures, then one JSON line:
+
+  tls_producer_throughput_ratio   proxy / direct records/s, ProducerPerformance, 1 KiB records, acks=1
+  tls_consumer_throughput_ratio   proxy / direct records/s, ConsumerPerformance over the same topic
+
+Usage: source dev/setup.sh && python bench/tls_overhead.py [--rounds 3] [--records 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dev.certs import CertificateAuthority
+from dev.harness import BrokerTls, KafkaCluster
+from dev.perf_tools import consume, produce
+from dev.proxy_process import ProxyProcess, gateway_config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--records", type=int, default=1_000_000, help="records per throughput run")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="kthrottle-tls-bench-"))
+    ca = CertificateAuthority(work / "pki")
+    broker = ca.issue("broker", "broker", dns=("localhost",), ips=("127.0.0.1",))
+    server = ca.issue("proxy", "proxy", dns=("localhost",), ips=("127.0.0.1",))
+    upstream = ca.issue("proxy-upstream", "kthrottle-proxy")
+    client = ca.issue("client", "bench", org_unit="clients")
+    keystores = {}
+    for name, files in (("broker", broker), ("client", client)):
+        keystores[name] = work / f"{name}-keystore.pem"  # Kafka's PEM store: key, then chain
+        keystores[name].write_bytes(files.key.read_bytes() + files.cert.read_bytes())
+    client_tls = {
+        "security.protocol": "SSL",
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(ca.cert_path),
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(keystores["client"]),
+    }
+    consumer_config = work / "client-tls.properties"
+    consumer_config.write_text("".join(f"{k}={v}\n" for k, v in client_tls.items()))
+
+    tls = BrokerTls(keystore=keystores["broker"], truststore=ca.cert_path, client_auth="required")
+    with KafkaCluster(brokers=1, tls=tls) as cluster:
+        cfg = gateway_config(cluster, log_level="WARNING")
+        cfg["gateway"]["upstream_bootstrap"] = cluster.ssl_bootstrap_servers.split(",")
+        cfg["tls"] = {
+            "enabled": True,
+            "certfile": str(server.cert),
+            "keyfile": str(server.key),
+            "cafile": str(ca.cert_path),
+            "client_auth": "required",
+        }
+        cfg["upstream_tls"] = {
+            "enabled": True,
+            "cafile": str(ca.cert_path),
+            "certfile": str(upstream.cert),
+            "keyfile": str(upstream.key),
+        }
+        with ProxyProcess(cfg, workdir=work / "proxy") as proxy:
+            direct, proxied = cluster.ssl_bootstrap_servers, proxy.bootstrap
+            cluster.create_topic("bench", 6)
+            produce(direct, "bench", 50_000, -1, props=client_tls)  # JIT and page cache, both ways
+            produce(proxied, "bench", 50_000, -1, props=client_tls)
+            prod: dict[str, list[float]] = {"direct": [], "proxy": []}
+            cons: dict[str, list[float]] = {"direct": [], "proxy": []}
+            for rnd in range(args.rounds):
+                order = [("direct", direct), ("proxy", proxied)]
+                if rnd % 2:
+                    order.reverse()
+                for name, boot in order:
+                    r = produce(boot, "bench", args.records, -1, props=client_tls)
+                    prod[name].append(r["rate"])
+                    print(f"round {rnd} TLS produce {name}: {r['rate']:.0f} rec/s", flush=True)
+                for name, boot in order:
+                    c = consume(boot, "bench", args.records, command_config=consumer_config)
+                    cons[name].append(c["rate"])
+                    print(f"round {rnd} TLS consume {name}: {c['rate']:.0f} rec/s", flush=True)
+
+    med = statistics.median
+    print(
+        json.dumps(
+            {
+                "tls_producer_throughput_ratio": round(med(prod["proxy"]) / med(prod["direct"]), 3),
+                "tls_consumer_throughput_ratio": round(med(cons["proxy"]) / med(cons["direct"]), 3),
+                "producer_records_per_s": {k: round(med(v)) for k, v in prod.items()},
+                "consumer_records_per_s": {k: round(med(v)) for k, v in cons.items()},
+                "rounds": args.rounds,
+                "records_per_run": args.records,
+                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
