@@ -65,6 +65,9 @@ DECODED_APIS: frozenset[int] = frozenset(
         ApiKey.SASL_HANDSHAKE,
         ApiKey.SASL_AUTHENTICATE,
         ApiKey.DESCRIBE_CLUSTER,
+        # KIP-546: the proxy answers these itself (quota_api.mode proxy/both).
+        ApiKey.DESCRIBE_CLIENT_QUOTAS,
+        ApiKey.ALTER_CLIENT_QUOTAS,
     }
 )
 

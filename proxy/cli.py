@@ -1,4 +1,5 @@
-"""`kthrottle` command line: run the proxy, check a config file, tune quotas, export a capture topic."""
+"""`kthrottle` command line: run the proxy, check a config file, tune quotas, export a capture topic,
+describe and alter client quotas of a running proxy."""
 
 from __future__ import annotations
 
@@ -174,7 +175,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="count and skip messages of another schema version or not capture records (default: fail)",
     )
+    from proxy import quota_cli
+
+    quota_cli.add_parser(sub)
     args, rest = parser.parse_known_args(argv)
+    if args.command == "quotas":
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        return quota_cli.run(args)
     if args.command == "capture-export":
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -197,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=cfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    from proxy import secrets
+
+    secrets.install()  # the upstream password and admin token never reach the log
+    if cfg.upstream_sasl is not None and cfg.upstream_sasl.password is not None:
+        secrets.register(cfg.upstream_sasl.password)
     loop_kind = _install_uvloop()
     log.info("kthrottle starting (%s mode, %s)", cfg.mode, loop_kind)
     from proxy.tls import TlsConfigError

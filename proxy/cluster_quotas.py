@@ -22,7 +22,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Gauge
 
 from proxy.config import ProxyConfig
-from proxy.exchange import CompactedTopic, ExchangeMetrics, ExchangeSettings
+from proxy.exchange import CompactedTopic, ExchangeSettings, exchange_metrics
 from proxy.throttling import QuotaEnforcer
 from quota.cluster import ClusterRates, ReportError, UsageReport, report
 
@@ -87,7 +87,7 @@ class ClusterQuotaService:
             ExchangeSettings.of(cfg),
             ccfg.topic,
             self._on_record,
-            ExchangeMetrics(registry),
+            exchange_metrics(registry),
             topic_configs={
                 "cleanup.policy": "compact,delete",
                 "retention.ms": str(int(ccfg.retention_seconds * 1000)),

@@ -36,6 +36,41 @@ class AdminConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(9644, ge=0, le=65535)
     enabled: bool = True
+    # State-changing endpoints need ``Authorization: Bearer <the file's contents>``; the file is
+    # read at start and again whenever it changes. Without it they are refused, unless
+    # allow_unauthenticated_changes says otherwise.
+    token_file: Path | None = None
+    allow_unauthenticated_changes: bool = False
+
+
+class QuotaApiConfig(Strict):
+    """Kafka's client-quota Admin API (DescribeClientQuotas, AlterClientQuotas; KIP-546)."""
+
+    # proxy: answered by the proxy from the quotas it enforces; forward: passed to the brokers
+    # untouched; both: applied by the proxy and forwarded, the broker's answer returned.
+    mode: Literal["proxy", "forward", "both"] = "proxy"
+    # Principals allowed to alter ("User:alice"; "User:*" for everyone); others get
+    # CLUSTER_AUTHORIZATION_FAILED per entry.
+    admins: list[str] = Field(default_factory=list)
+    # Principals allowed to describe; None: everyone.
+    describers: list[str] | None = None
+    topic: str = Field("__kthrottle_quotas", pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    # How long an alteration waits for this instance to have read the topic to its end (its
+    # value is the entity's whole overlay, so it must start from the latest one).
+    catch_up_timeout_seconds: float = Field(10.0, gt=0, le=300)
+    # At start, how long the listeners wait for the store to be read (0: not at all): clients are
+    # then served with the alterations already in force. Past it the proxy starts with the file's
+    # quotas and applies the alterations as it reads them.
+    start_wait_seconds: float = Field(5.0, ge=0, le=300)
+
+    @field_validator("admins", "describers")
+    @classmethod
+    def _principals(cls, value: list[str] | None) -> list[str] | None:
+        for item in value or []:
+            kind, sep, name = item.partition(":")
+            if not sep or not kind or not name:
+                raise ValueError(f"{item!r} is not a principal such as User:alice")
+        return value
 
 
 class TlsFiles(Strict):
@@ -196,10 +231,13 @@ class UpstreamSasl(Strict):
         return self
 
     def secret(self) -> str:
+        """The password, registered for redaction from the logs (proxy/secrets.py)."""
+        from proxy.secrets import register
+
         if self.password is not None:
-            return self.password
+            return register(self.password)
         assert self.password_file is not None
-        return self.password_file.read_text(encoding="utf-8").strip()
+        return register(self.password_file.read_text(encoding="utf-8").strip())
 
 
 class CaptureKafkaConfig(Strict):
@@ -332,6 +370,7 @@ class ProxyConfig(Strict):
     exchange: ExchangeConfig = Field(default_factory=ExchangeConfig)
     volume: VolumeConfig = Field(default_factory=VolumeConfig)
     cluster_quotas: ClusterQuotaConfig = Field(default_factory=ClusterQuotaConfig)
+    quota_api: QuotaApiConfig = Field(default_factory=QuotaApiConfig)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("bind_host")

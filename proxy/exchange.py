@@ -67,6 +67,7 @@ class ExchangeMetrics:
     """Per-topic health of the exchange (labels: the topic, a handful at most)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
         self.connected = Gauge(
             "kthrottle_exchange_connected",
             "1 while the state-exchange client is connected and following its topic",
@@ -85,6 +86,18 @@ class ExchangeMetrics:
             ["topic"],
             registry=registry,
         )
+
+
+_shared_metrics: dict[int, ExchangeMetrics] = {}
+
+
+def exchange_metrics(registry: CollectorRegistry) -> ExchangeMetrics:
+    """One ExchangeMetrics per registry: several services follow topics in one process, and a
+    metric family can be registered only once."""
+    found = _shared_metrics.get(id(registry))
+    if found is None or found.registry is not registry:
+        found = _shared_metrics[id(registry)] = ExchangeMetrics(registry)
+    return found
 
 
 class CompactedTopic:

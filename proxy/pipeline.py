@@ -35,6 +35,16 @@ from protocol.versions import DECODED_APIS, NODE_ENDPOINTS_FROM, codec_versions
 from proxy import admission
 from proxy.admission import MutationState
 from proxy.capture_rows import CaptureDraft
+from proxy.quota_api import (
+    AUTHORIZATION_FAILED,
+    QuotaAlterBoth,
+    alter_response,
+    alterations_of,
+    components_of,
+    describe_response,
+    principal_of,
+    refused_alter_response,
+)
 from proxy.ratelog import RateLimitedLog
 from proxy.throttling import (
     FetchRequestInfo,
@@ -64,7 +74,9 @@ _THROTTLE = "throttle"  # muted for a throttle time
 _THROTTLE_PENDING = "throttle-pending"  # a throttled request's response has not gone out yet
 _ADMISSION = "admission"  # a mutation request is being priced: later requests wait behind it
 _VOLUME_PAUSE = "volume-pause"  # a produce is parked while the cluster's volumes are paused
-_HOLD_REASONS = frozenset({_THROTTLE, _THROTTLE_PENDING, _ADMISSION, _VOLUME_PAUSE})
+_QUOTA_API = "quota-api"  # a client-quota request is being answered: later requests wait behind it
+_HOLD_REASONS = frozenset({_THROTTLE, _THROTTLE_PENDING, _ADMISSION, _VOLUME_PAUSE, _QUOTA_API})
+_QUOTA_API_KEYS = frozenset({ApiKey.DESCRIBE_CLIENT_QUOTAS, ApiKey.ALTER_CLIENT_QUOTAS})
 PAUSED_MESSAGE = "kthrottle: cluster volume usage is at its hard limit (PAUSE); retry later"
 
 # Responses decoded for the capture record when capture is on: a fetch's partitions are what a
@@ -97,6 +109,7 @@ class InFlight:
     holds_reads: bool = False  # a throttled produce: reads stay paused until its response
     busy: float = 0.0  # seconds the broker spent on it, as far as the proxy can tell
     capture: CaptureDraft | None = None  # what the capture record needs, while capture is on
+    quota_alter: QuotaAlterBoth | None = None  # quota_api.mode both: the proxy's part of an alter
 
 
 class _ClientProtocol(asyncio.BufferedProtocol):
@@ -374,6 +387,14 @@ class Pipeline:
                     f"{api_name(key)} v{version} is not supported by the proxy", "unsupported-version"
                 )
                 return
+        quota_api = self.server.quota_api
+        if (
+            key in _QUOTA_API_KEYS
+            and quota_api is not None
+            and (key == ApiKey.ALTER_CLIENT_QUOTAS or quota_api.mode == "proxy")
+        ):
+            self._quota_api_request(frame, header)
+            return
         throttle_ms = 0
         holds_reads = False
         acks: int | None = None
@@ -503,6 +524,92 @@ class Pipeline:
             self.close("mutation admission failed")
             return
         self._client_pauses.discard(_ADMISSION)
+        self._release_held()
+
+    def _quota_api_request(self, frame: bytearray, header: RequestHeader) -> None:
+        """KIP-546: answer DescribeClientQuotas/AlterClientQuotas in the proxy (and, mode both,
+        forward an alteration too); later requests wait, so responses stay in order."""
+        key, version = header.api_key, header.api_version
+        try:
+            body = messages.decode_request(key, version, memoryview(frame)[header.size :])
+        except SchemaError as exc:
+            self.reject(f"malformed {api_name(key)} v{version} request: {exc}", "malformed")
+            return
+        entry = self._held_entry(header, frame)
+        self.in_flight.append(entry)
+        self.pause_client(_QUOTA_API)
+        task = self.loop.create_task(self._quota_api(entry, frame, header, body))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _quota_api(
+        self, entry: InFlight, frame: bytearray, header: RequestHeader, body: dict[str, Any]
+    ) -> None:
+        service = self.server.quota_api
+        assert service is not None
+        principal = principal_of(self.user)
+        try:
+            if header.api_key == ApiKey.DESCRIBE_CLIENT_QUOTAS:
+                if not service.may_describe(principal):
+                    answer = describe_response(AUTHORIZATION_FAILED)
+                else:
+                    found = service.describe(components_of(body), bool(body.get("strict")))
+                    answer = describe_response(found)
+            elif not service.may_alter(principal):
+                log.info("conn %d: %s may not alter client quotas (quota_api.admins)", self.id, principal)
+                service.metrics.alterations.labels("kafka", AUTHORIZATION_FAILED.name).inc()
+                answer = refused_alter_response(body, AUTHORIZATION_FAILED)
+            elif service.mode == "both":
+                # Validated here, forwarded as sent; stored once the broker's answer is in.
+                entry.quota_alter = QuotaAlterBoth(await service.validate(alterations_of(body)), body)
+                self._send(frame)
+                return  # the hold ends in _quota_alter_answered
+            else:
+                result = await service.alter(
+                    alterations_of(body), bool(body.get("validate_only")), who=f"{principal} ({self.peer})"
+                )
+                answer = alter_response(result.results)
+            if self.closed:
+                return
+            payload = encode_response_header(header.api_key, header.api_version, header.correlation_id)
+            payload += messages.encode_response(header.api_key, header.api_version, answer)
+            entry.local_response = bytes(payload)
+            self._flush_local()
+        except Exception:  # a bug here must not leave the connection held forever
+            log.exception("conn %d: client-quota request failed", self.id)
+            self.close("client-quota request failed")
+            return
+        self._client_pauses.discard(_QUOTA_API)
+        self._release_held()
+
+    def _quota_alter_answered(self, entry: InFlight, frame: bytearray) -> None:
+        """Mode both: the broker answered an alteration; the entry goes back to the head of the
+        FIFO (nothing was forwarded after it) until the proxy has stored its part."""
+        self.in_flight.appendleft(entry)
+        task = self.loop.create_task(self._quota_alter_both(entry, frame))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _quota_alter_both(self, entry: InFlight, frame: bytearray) -> None:
+        service = self.server.quota_api
+        state = entry.quota_alter
+        assert service is not None and state is not None
+        try:
+            key, version = entry.api_key, entry.api_version
+            hsize = response_header_size(key, version, frame)
+            broker = messages.decode_response(key, version, memoryview(frame)[hsize:])
+            answer = await state.complete(service, broker)
+            if self.closed:
+                return
+            out = bytearray(frame[:hsize])
+            out += messages.encode_response(key, version, answer)
+            entry.local_response = bytes(out)
+            self._flush_local()
+        except Exception:
+            log.exception("conn %d: client-quota alteration (mode both) failed", self.id)
+            self.close("client-quota alteration failed")
+            return
+        self._client_pauses.discard(_QUOTA_API)
         self._release_held()
 
     def _park(
@@ -753,6 +860,9 @@ class Pipeline:
             self.close(f"response correlation id {correlation_id} != expected {entry.correlation_id}")
             return
         key = entry.api_key
+        if entry.quota_alter is not None:
+            self._quota_alter_answered(entry, frame)
+            return
         if key == ApiKey.SASL_AUTHENTICATE:
             self._sasl_result(entry, frame)
         if entry.capture is not None:

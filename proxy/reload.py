@@ -40,7 +40,15 @@ def apply(server: ProxyServer, new: ProxyConfig) -> list[str]:
     """Apply what can change live; returns the restart-only settings that differ."""
     old = server.cfg
     pending = [name for name in _RESTART_ONLY if getattr(old, name) != getattr(new, name)]
-    server.enforcer.reconfigure(new.quotas)
+    # The quota API's overlay (alterations through Kafka's Admin API) stays on top of the file.
+    quotas = server.quota_api.reload(new.quotas) if server.quota_api is not None else new.quotas
+    server.enforcer.reconfigure(quotas)
+    if (old.quota_api.mode, old.quota_api.topic) != (new.quota_api.mode, new.quota_api.topic):
+        pending.append("quota_api.mode/topic (takes effect at restart)")
+    kept = new.quota_api.model_copy(update={"mode": old.quota_api.mode, "topic": old.quota_api.topic})
+    new = new.model_copy(update={"quota_api": kept})
+    if server.quota_api is not None:  # admins and describers apply at once
+        server.quota_api.cfg = server.quota_api.cfg.model_copy(update={"quota_api": kept})
     if server.volume is not None:
         pending += server.volume.reconfigure(new)
     if server.cluster_quotas is not None:

@@ -14,6 +14,7 @@ from proxy.cluster_quotas import ClusterQuotaService
 from proxy.config import ProxyConfig
 from proxy.metrics import ProxyMetrics
 from proxy.pipeline import Pipeline, _ClientProtocol
+from proxy.quota_api import QuotaApiService
 from proxy.quota_metrics import QuotaCollector
 from proxy.ratelog import RateLimitedLog
 from proxy.throttling import QuotaEnforcer
@@ -64,6 +65,12 @@ class ProxyServer:
             if any_cluster_scope(cfg.quotas)
             else None
         )
+        # KIP-546: DescribeClientQuotas/AlterClientQuotas answered by the proxy (not in forward mode).
+        self.quota_api = (
+            QuotaApiService(cfg, self.enforcer, self.metrics.registry)
+            if cfg.quota_api.mode != "forward"
+            else None
+        )
         self.listeners: dict[str, Listener] = {}
         self.pipelines: set[Pipeline] = set()
         self.draining = False
@@ -85,6 +92,10 @@ class ProxyServer:
     async def start(self) -> None:
         """Learn the brokers, open every listener, then accept clients."""
         cfg = self.cfg
+        if self.quota_api is not None:
+            # Clients are served with the API's alterations in force, when the store answers in time.
+            self.quota_api.start()
+            await self.quota_api.wait_caught_up(cfg.quota_api.start_wait_seconds)
         if cfg.mode == "gateway":
             await self._refresh_brokers(required=False)
             await self._open_known_listeners()
@@ -225,6 +236,8 @@ class ProxyServer:
             await self.volume.stop()
         if self.cluster_quotas is not None:
             await self.cluster_quotas.stop()
+        if self.quota_api is not None:
+            await self.quota_api.stop()
         if self.capture is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.capture.close)
 

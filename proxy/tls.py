@@ -37,7 +37,9 @@ class TlsConfigError(ValueError):
 def _password(files: TlsFiles) -> str | None:
     if files.key_password_file is None:
         return None
-    return files.key_password_file.read_text(encoding="utf-8").strip()
+    from proxy.secrets import register  # the key password never reaches the log either
+
+    return register(files.key_password_file.read_text(encoding="utf-8").strip())
 
 
 def _load(context: ssl.SSLContext, files: TlsFiles) -> ssl.SSLContext:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from proxy.config import ProxyConfig, upstream_addresses
-from proxy.exchange import CompactedTopic, ExchangeMetrics, ExchangeSettings
+from proxy.exchange import CompactedTopic, ExchangeSettings, exchange_metrics
 from proxy.upstream_client import UpstreamLogin, fetch_brokers
 from proxy.volume_usage import Usage, describe_log_dirs_usage, statvfs_usage
 from quota.volume import VolumeQuotas, VolumeState, VolumeVerdict
@@ -101,7 +101,7 @@ class VolumeService:
             ExchangeSettings.of(cfg),
             self.vcfg.topic,
             self._on_record,
-            ExchangeMetrics(registry),
+            exchange_metrics(registry),
             # Roll segments hourly so compaction keeps the topic to about one snapshot per
             # broker, and a proxy starting reads little before it knows the state.
             topic_configs={"segment.ms": "3600000", "delete.retention.ms": "600000"},

@@ -56,6 +56,8 @@ def harness() -> Iterator[Harness]:
     cfg = parse_config(
         f"mode: sidecar\nsidecar: {{listen_port: {proxy_port}, upstream: '127.0.0.1:{upstream_port}'}}\n"
         "admin: {enabled: false}\nmetadata_refresh_seconds: 3600\n"
+        # The stub is no Kafka broker: the quota API's store (a Kafka client) must not talk to it.
+        "quota_api: {mode: forward}\n"
     )
     server = ProxyServer(cfg)
 
