@@ -29,7 +29,6 @@ SIDECAR = CI / "sidecar-values.yaml"
 VALUES = {"default": None, "gateway": GATEWAY, "gateway-sni-tls": SNI_TLS, "sidecar": SIDECAR}
 K8S_VERSIONS = ("1.29.0", "1.35.0")  # the chart's kubeVersion floor, and a current release
 CRD_GROUPS = ("monitoring.coreos.com/",)  # no schema in kubernetes-validate: checked below instead
-NEEDS_TLS_KEYS = pytest.mark.xfail(strict=False, reason="needs the TLS config keys from issue 7")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -407,7 +406,6 @@ def test_every_file_the_config_names_is_mounted(rendered: dict[str, list[dict[st
             assert path.removeprefix("/etc/kthrottle/") in files, f"{name}: {path} not mounted"
 
 
-@NEEDS_TLS_KEYS
 def test_sni_tls_config_is_accepted_by_kthrottle(
     rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
