@@ -334,3 +334,41 @@ def test_sni_routes_each_broker_name_through_one_port(
         # The proxy itself could not be reached by a name it does not serve.
         text = proxy.log_text()
         assert "names neither" not in text
+
+
+def _java_tls_props(tmp_path: Path, pki: Pki, name: str, cert: CertFiles) -> Path:
+    """A Java client's TLS settings with ``cert`` as its certificate (Kafka's PEM key store)."""
+    keystore = tmp_path / f"{name}-keystore.pem"
+    keystore.write_bytes(cert.key.read_bytes() + cert.cert.read_bytes())
+    props = tmp_path / f"{name}.properties"
+    props.write_text(
+        "security.protocol=SSL\nssl.truststore.type=PEM\n"
+        f"ssl.truststore.location={pki.ca.cert_path}\nssl.keystore.type=PEM\nssl.keystore.location={keystore}\n"
+    )
+    return props
+
+
+@pytest.mark.timeout(180)
+def test_certificate_principal_as_quota_admin(tls_cluster: KafkaCluster, pki: Pki, tmp_path: Path) -> None:
+    """The quota Admin API's admins are matched by certificate principals too: the Java admin
+    client with alice's certificate alters a quota through the proxy; with bob's it is refused."""
+    from tests.integration.test_quota_api import _java_admin
+
+    topic = f"__kthrottle_quotas_tls_{uuid.uuid4().hex[:6]}"
+    cfg = _proxy_config(tls_cluster, pki, pki.proxy_server)
+    cfg["quota_api"] = {"mode": "proxy", "admins": ["User:alice"], "topic": topic}
+    with ProxyProcess(cfg, workdir=tmp_path / "proxy") as proxy:
+        alice = _java_tls_props(tmp_path, pki, "alice", pki.alice)
+        bob = _java_tls_props(tmp_path, pki, "bob", pki.bob)
+        deadline = time.monotonic() + 30
+        while proxy.metric("kthrottle_exchange_connected", {"topic": topic}) != 1:
+            assert time.monotonic() < deadline, proxy.log_tail(30)
+            time.sleep(0.2)
+        assert _java_admin(proxy.bootstrap, alice, "alter", "user=carol", "producer_byte_rate=4096") == [
+            "RESULT OK"
+        ]
+        refused = _java_admin(proxy.bootstrap, bob, "alter", "user=carol", "producer_byte_rate=1")
+        assert refused == ["RESULT ClusterAuthorizationException Cluster authorization failed."]
+        assert _java_admin(proxy.bootstrap, bob, "describe", "user=carol") == [
+            "ENTITY user=carol VALUES producer_byte_rate=4096.0"
+        ]
