@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.api_keys import ApiKey, api_name
+from protocol.api_keys import ApiKey, api_name, has_schema
 from protocol.errors import ErrorCode
 from protocol.records import iter_batches
-from protocol.schema import Buffer, SchemaError, message_codec
+from protocol.schema import Buffer, SchemaError, message_codec, message_schema
 from protocol.versions import ADDRESS_LEAKING_CAP, ADVERTISED_BELOW_ACCEPTED, DECODED_APIS, codec_versions
 
 _I32 = struct.Struct(">i")
@@ -44,6 +44,22 @@ def encode(api_key: int, version: int, obj: dict[str, Any], *, response: bool) -
     out = bytearray()
     message_codec(_codec_name(api_key, response), version).write(out, obj)
     return out
+
+
+def response_codec_versions(api_key: int) -> tuple[int, int] | None:
+    """Versions of this API's response the codec can read (None: no schema ships for it).
+
+    Wider than ``codec_versions`` for APIs the proxy never decodes but may have to patch a
+    throttle time into; a broker newer than the schemas answers versions outside this range.
+    """
+    if not has_schema(api_key):
+        return None
+    return message_schema(_codec_name(api_key, True)).valid
+
+
+def can_read_response(api_key: int, version: int) -> bool:
+    known = response_codec_versions(api_key)
+    return known is not None and known[0] <= version <= known[1]
 
 
 def decode_request(api_key: int, version: int, body: Buffer) -> dict[str, Any]:
