@@ -116,7 +116,6 @@ class FuzzLoop(asyncio.SelectorEventLoop):
     def __init__(self) -> None:
         self._now = time.monotonic()
         super().__init__()
-        self.upstreams: list[FakeTransport] = []
         self.on_connection: Callable[[FakeTransport], None] | None = None
 
     def time(self) -> float:
@@ -132,7 +131,6 @@ class FuzzLoop(asyncio.SelectorEventLoop):
         protocol = protocol_factory()
         assert isinstance(protocol, asyncio.BufferedProtocol)
         transport = FakeTransport(self, protocol, (host or "", port or 0))
-        self.upstreams.append(transport)
         protocol.connection_made(transport)
         if self.on_connection is not None:
             self.on_connection(transport)

@@ -19,6 +19,16 @@ from protocol.versions import ADDRESS_LEAKING_CAP, ADVERTISED_BELOW_ACCEPTED, DE
 
 _I32 = struct.Struct(">i")
 
+# throttle_time_ms is an int32 on the wire; a quota can decide more (a mutation burst far over a
+# small controller_mutation_rate): the client is told the most the field holds, and stays muted
+# for the whole throttle all the same.
+MAX_THROTTLE_MS = 2**31 - 1
+
+
+def wire_throttle_ms(throttle_ms: int) -> int:
+    """A throttle time as throttle_time_ms can carry it."""
+    return max(0, min(int(throttle_ms), MAX_THROTTLE_MS))
+
 
 def _codec_name(api_key: int, response: bool) -> str:
     name = api_name(api_key)
@@ -103,6 +113,7 @@ def patch_throttle_time(
     if offset is None:
         return None
     (current,) = _I32.unpack_from(body, offset)
+    throttle_ms = wire_throttle_ms(throttle_ms)
     if throttle_ms > current:
         _I32.pack_into(body, offset, throttle_ms)
         return throttle_ms
@@ -258,7 +269,7 @@ def produce_error_response(
             for part in topic.get("partition_data") or []
         ]
         responses.append(entry)
-    return {"responses": responses, "throttle_time_ms": throttle_ms}
+    return {"responses": responses, "throttle_time_ms": wire_throttle_ms(throttle_ms)}
 
 
 def fetch_response_partitions(resp: dict[str, Any]) -> list[PartitionBytes]:
