@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import logging
 import shutil
@@ -133,10 +134,8 @@ def _confluent(bootstrap: str, sasl: dict[str, str] | None = None) -> None:
         msg = consumer.poll(0.5)
         if msg is not None and not msg.error():
             got += 1
-    try:
+    with contextlib.suppress(KafkaException):
         consumer.commit(asynchronous=False)
-    except KafkaException:
-        pass
     consumer.close()
     for fut in admin.delete_topics([topic]).values():
         fut.result(30)
@@ -156,7 +155,10 @@ def _kafka_python(bootstrap: str) -> None:
         producer.flush(30)
         producer.close()
     consumer = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=4000,
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=4000,
         group_id="kp-group",
     )
     for _ in consumer:
@@ -247,7 +249,9 @@ def write_corpus(conversations: list[Conversation], out: Path) -> dict[str, int]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=REPO / "fuzz" / "corpus")
     parser.add_argument("--skip-java", action="store_true", help="leave out Kafka's perf tools")
     args = parser.parse_args()
@@ -256,7 +260,9 @@ def main() -> int:
         node = cluster.nodes[0]
         plain_relay = Relay(("127.0.0.1", node.port)).start()
         sasl_relay = Relay(("127.0.0.1", node.sasl_port)).start()
-        plain_cfg = sidecar_config(cluster, sidecar={"listen_port": free_port(), "upstream": f"127.0.0.1:{plain_relay.port}"})
+        plain_cfg = sidecar_config(
+            cluster, sidecar={"listen_port": free_port(), "upstream": f"127.0.0.1:{plain_relay.port}"}
+        )
         sasl_cfg = sidecar_config(
             cluster,
             sidecar={"listen_port": free_port(), "upstream": f"127.0.0.1:{sasl_relay.port}"},
@@ -290,7 +296,9 @@ def main() -> int:
     conversations = plain_relay.conversations + sasl_relay.conversations
     counts = write_corpus(conversations, args.out)
     size = sum(p.stat().st_size for p in args.out.rglob("*") if p.is_file())
-    log.info("wrote %s seeds (%d bytes) from %d connections to %s", counts, size, len(conversations), args.out)
+    log.info(
+        "wrote %s seeds (%d bytes) from %d connections to %s", counts, size, len(conversations), args.out
+    )
     return 0
 
 

@@ -88,7 +88,7 @@ class FakeTransport(asyncio.Transport):
     def deliver(self) -> None:
         """Hand pending bytes to the protocol the way a transport does: into its own buffer."""
         while self.inbox and not self.paused and not self.closed:
-            buf = self.protocol.get_buffer(-1)
+            buf = memoryview(self.protocol.get_buffer(-1))
             n = min(len(buf), len(self.inbox))
             if n == 0:
                 raise AssertionError("get_buffer returned an empty buffer")
@@ -125,8 +125,11 @@ class FuzzLoop(asyncio.SelectorEventLoop):
         self._now += seconds
 
     async def create_connection(  # type: ignore[override]
-        self, protocol_factory: Callable[[], asyncio.BaseProtocol], host: str | None = None,
-        port: int | None = None, **_kwargs: Any
+        self,
+        protocol_factory: Callable[[], asyncio.BaseProtocol],
+        host: str | None = None,
+        port: int | None = None,
+        **_kwargs: Any,
     ) -> tuple[asyncio.Transport, asyncio.BaseProtocol]:
         protocol = protocol_factory()
         assert isinstance(protocol, asyncio.BufferedProtocol)

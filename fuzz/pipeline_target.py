@@ -25,19 +25,18 @@ both sides with no task or timer left behind.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from fuzz.fakenet import FakeTransport, FuzzLoop
 from protocol import messages
 from protocol.frames import FrameDecoder
 from protocol.mutations import TopicRef
 from proxy.config import ProxyConfig, parse_config
 from proxy.pipeline import Pipeline, _ClientProtocol
 from proxy.server import ProxyServer
-from fuzz.fakenet import FakeTransport, FuzzLoop
 
 MAX_FRAME_BYTES = 256 * 1024
 SCRATCH_BYTES = 32 * 1024  # FrameDecoder's default scratch buffer
@@ -146,10 +145,10 @@ class PipelineFuzzer:
 
     def __init__(self) -> None:
         self.loop = FuzzLoop()
-        asyncio.set_event_loop(self.loop)
         self.errors: list[dict[str, Any]] = []
         self.loop.set_exception_handler(lambda _loop, ctx: self.errors.append(ctx))
         self.log = _Records()
+        self.brokers: list[_Broker] = []
         proxy_log = logging.getLogger("proxy")
         proxy_log.addHandler(self.log)
         proxy_log.setLevel(logging.INFO)
@@ -165,9 +164,10 @@ class PipelineFuzzer:
             server.capture = _Capture()  # type: ignore[assignment]
         return server
 
-    def run(self, data: bytes) -> None:
+    def run(self, data: bytes) -> FakeTransport | None:
+        """Play one input; returns the client's transport (what the proxy wrote to the client)."""
         if not data:
-            return
+            return None
         server = self.servers[data[0] % len(self.servers)]
         self.errors.clear()
         self.log.records.clear()
@@ -176,6 +176,7 @@ class PipelineFuzzer:
         protocol = _ClientProtocol(server, listener)
         client = FakeTransport(self.loop, protocol, ("127.0.0.1", 40000))
         brokers: list[_Broker] = []
+        self.brokers = brokers  # the last input's upstream side, for tests to look at
         self.loop.on_connection = lambda t: brokers.append(_Broker(t))
 
         async def accept() -> None:
@@ -220,6 +221,7 @@ class PipelineFuzzer:
             raise FuzzFailure("a closed pipeline is still registered with the server")
         if pipeline._tasks:
             raise FuzzFailure(f"{len(pipeline._tasks)} tasks left after the connection closed")
+        return client
 
     def _settle(
         self,
@@ -289,17 +291,22 @@ def _decoder_bytes(decoder: FrameDecoder) -> int:
 
 
 def _total(counter: Any) -> float:
-    return sum(
-        s.value for metric in counter.collect() for s in metric.samples if s.name.endswith("_total")
+    return float(
+        sum(s.value for metric in counter.collect() for s in metric.samples if s.name.endswith("_total"))
     )
 
 
 _fuzzer: PipelineFuzzer | None = None
 
 
-def pipeline_target(data: bytes) -> None:
-    """The atheris entry point: one PipelineFuzzer per process, one connection per input."""
+def shared_fuzzer() -> PipelineFuzzer:
+    """One PipelineFuzzer per process: the servers and the loop are reused across inputs."""
     global _fuzzer
     if _fuzzer is None:
         _fuzzer = PipelineFuzzer()
-    _fuzzer.run(data)
+    return _fuzzer
+
+
+def pipeline_target(data: bytes) -> None:
+    """The atheris entry point: one connection per input."""
+    shared_fuzzer().run(data)

@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1 :]
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--target", required=True, choices=TARGETS)
     parser.add_argument("--runs", type=int, help="stop after this many inputs (libFuzzer -runs)")
     parser.add_argument("--max-total-time", type=int, help="stop after this many seconds")

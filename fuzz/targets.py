@@ -25,7 +25,12 @@ from protocol.sasl import PLAIN, SaslTracker
 from protocol.schema import SchemaError
 from protocol.versions import DECODED_APIS, NODE_ENDPOINTS_FROM, codec_versions
 from proxy import admission
-from proxy.throttling import FetchRequestInfo, cap_fetch_max_bytes, fetch_request_info, throttled_fetch_response
+from proxy.throttling import (
+    FetchRequestInfo,
+    cap_fetch_max_bytes,
+    fetch_request_info,
+    throttled_fetch_response,
+)
 
 CLEAN_REQUEST_ERRORS: tuple[type[Exception], ...] = (FrameError, SchemaError)
 CLEAN_RESPONSE_ERRORS: tuple[type[Exception], ...] = (FrameError, SchemaError, LookupError)
@@ -181,7 +186,12 @@ def _response(key: int, version: int, frame: bytearray) -> None:
         tracker.on_handshake(_MECHANISMS[selector % len(_MECHANISMS)])
         tracker.on_authenticate_request(b"\x00user\x00secret")
         tracker.on_authenticate_response(int(body.get("error_code", -1)))
-    addresses = key in (ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER)
+    addresses = key in (
+        ApiKey.API_VERSIONS,
+        ApiKey.METADATA,
+        ApiKey.FIND_COORDINATOR,
+        ApiKey.DESCRIBE_CLUSTER,
+    )
     addresses = addresses or (key in NODE_ENDPOINTS_FROM and version >= NODE_ENDPOINTS_FROM[key])
     if key not in DECODED_APIS and not messages.can_read_response(key, version):
         return  # the throttle-only path passes these through unread (see Pipeline._rewrite)

@@ -826,12 +826,11 @@ class Pipeline:
         empty response, as the broker would send.
         """
         key, version = entry.api_key, entry.api_version
-        if not addresses and entry.fetch is None and entry.mutation is None:
-            if not messages.can_read_response(key, version):
-                # Only a throttle to patch in, and the codec cannot read this response (an API or
-                # version newer than the shipped schemas): it goes out unchanged; the mute that
-                # follows still throttles the client.
-                return frame
+        only_throttle = not addresses and entry.fetch is None and entry.mutation is None
+        if only_throttle and not messages.can_read_response(key, version):
+            # The codec cannot read this response (an API or version newer than the shipped
+            # schemas): it goes out unchanged; the mute that follows still throttles the client.
+            return frame
         hsize = response_header_size(key, version, frame)
         body = messages.decode_response(key, version, memoryview(frame)[hsize:])
         if entry.capture is not None:
