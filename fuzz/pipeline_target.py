@@ -154,6 +154,10 @@ class PipelineFuzzer:
         proxy_log.setLevel(logging.INFO)
         proxy_log.propagate = False
         self.servers = [self._server(parse_config(text), capture) for _name, text, capture in SETUPS]
+        # One idle connection per server that must outlive every input: bad input closes the
+        # connection that sent it, never another one.
+        self.bystanders = [self._connect(server) for server in self.servers]
+        self.loop.settle()
 
     def _server(self, cfg: ProxyConfig, capture: bool) -> ProxyServer:
         server = ProxyServer(cfg)
@@ -164,6 +168,18 @@ class PipelineFuzzer:
             server.capture = _Capture()  # type: ignore[assignment]
         return server
 
+    def _connect(self, server: ProxyServer) -> tuple[Pipeline, FakeTransport]:
+        listener = next(iter(server.listeners.values()), None) or _listener(server)
+        protocol = _ClientProtocol(server, listener)
+        client = FakeTransport(self.loop, protocol, ("127.0.0.1", 40000))
+
+        async def accept() -> None:
+            protocol.connection_made(client)
+
+        self.loop.run_until_complete(accept())
+        assert protocol.pipeline is not None
+        return protocol.pipeline, client
+
     def run(self, data: bytes) -> FakeTransport | None:
         """Play one input; returns the client's transport (what the proxy wrote to the client)."""
         if not data:
@@ -172,19 +188,10 @@ class PipelineFuzzer:
         self.errors.clear()
         self.log.records.clear()
         rejected_before = _total(server.metrics.rejected_frames)
-        listener = next(iter(server.listeners.values()), None) or _listener(server)
-        protocol = _ClientProtocol(server, listener)
-        client = FakeTransport(self.loop, protocol, ("127.0.0.1", 40000))
         brokers: list[_Broker] = []
         self.brokers = brokers  # the last input's upstream side, for tests to look at
         self.loop.on_connection = lambda t: brokers.append(_Broker(t))
-
-        async def accept() -> None:
-            protocol.connection_made(client)
-
-        self.loop.run_until_complete(accept())
-        pipeline = protocol.pipeline
-        assert pipeline is not None
+        pipeline, client = self._connect(server)
         self._settle(server, pipeline, client, brokers, rejected_before)
         pos = 1
         while pos + _REC.size <= len(data):
@@ -221,6 +228,9 @@ class PipelineFuzzer:
             raise FuzzFailure("a closed pipeline is still registered with the server")
         if pipeline._tasks:
             raise FuzzFailure(f"{len(pipeline._tasks)} tasks left after the connection closed")
+        bystander, bystander_client = self.bystanders[data[0] % len(self.servers)]
+        if bystander.closed or bystander_client.closed or bystander not in server.pipelines:
+            raise FuzzFailure("another connection was closed by this input")
         return client
 
     def _settle(
