@@ -13,6 +13,7 @@ Extra arguments after ``--`` go to libFuzzer as they are.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import tempfile
 from collections.abc import Callable
@@ -80,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import atheris
 
+    # Every rejected input logs a line: the pipeline target reads them; nobody else needs them.
+    logging.getLogger("proxy").propagate = False
     target = load_target(args.target, instrument=True)
     new_corpus = args.new_corpus or Path(tempfile.mkdtemp(prefix=f"kthrottle-fuzz-{args.target}-"))
     new_corpus.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ tests below also check the behaviour the fix chose, one bug each.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,11 @@ from protocol.sasl import PLAIN, SaslTracker
 from proxy.throttling import FetchRequestInfo, throttled_fetch_response
 
 CRASHES = Path(__file__).resolve().parents[2] / "fuzz" / "crashes"
-TARGETS = {"requests": request_target, "responses": response_target, "pipeline": shared_fuzzer().run}
+TARGETS: dict[str, Callable[[bytes], object]] = {
+    "requests": request_target,
+    "responses": response_target,
+    "pipeline": lambda data: shared_fuzzer().run(data),
+}
 
 
 @pytest.mark.parametrize("path", sorted(CRASHES.iterdir()), ids=lambda p: p.name)
