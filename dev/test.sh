@@ -9,7 +9,7 @@ source dev/setup.sh
 export SPARK_LOCAL_IP=127.0.0.1
 
 echo "== ruff" >&2
-ruff check protocol quota proxy analytics dev tests bench
+ruff check protocol quota proxy analytics dev tests bench fuzz
 echo "== mypy" >&2
 mypy
 echo "== pytest" >&2

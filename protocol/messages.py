@@ -11,13 +11,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.api_keys import ApiKey, api_name
+from protocol.api_keys import ApiKey, api_name, has_schema
 from protocol.errors import ErrorCode
 from protocol.records import iter_batches
-from protocol.schema import Buffer, SchemaError, message_codec
+from protocol.schema import Buffer, SchemaError, message_codec, message_schema
 from protocol.versions import ADDRESS_LEAKING_CAP, ADVERTISED_BELOW_ACCEPTED, DECODED_APIS, codec_versions
 
 _I32 = struct.Struct(">i")
+
+# throttle_time_ms is an int32 on the wire; a quota can decide more (a mutation burst far over a
+# small controller_mutation_rate): the client is told the most the field holds, and stays muted
+# for the whole throttle all the same.
+MAX_THROTTLE_MS = 2**31 - 1
+
+
+def wire_throttle_ms(throttle_ms: int) -> int:
+    """A throttle time as throttle_time_ms can carry it."""
+    return max(0, min(int(throttle_ms), MAX_THROTTLE_MS))
 
 
 def _codec_name(api_key: int, response: bool) -> str:
@@ -44,6 +54,22 @@ def encode(api_key: int, version: int, obj: dict[str, Any], *, response: bool) -
     out = bytearray()
     message_codec(_codec_name(api_key, response), version).write(out, obj)
     return out
+
+
+def response_codec_versions(api_key: int) -> tuple[int, int] | None:
+    """Versions of this API's response the codec can read (None: no schema ships for it).
+
+    Wider than ``codec_versions`` for APIs the proxy never decodes but may have to patch a
+    throttle time into; a broker newer than the schemas answers versions outside this range.
+    """
+    if not has_schema(api_key):
+        return None
+    return message_schema(_codec_name(api_key, True)).valid
+
+
+def can_read_response(api_key: int, version: int) -> bool:
+    known = response_codec_versions(api_key)
+    return known is not None and known[0] <= version <= known[1]
 
 
 def decode_request(api_key: int, version: int, body: Buffer) -> dict[str, Any]:
@@ -87,6 +113,7 @@ def patch_throttle_time(
     if offset is None:
         return None
     (current,) = _I32.unpack_from(body, offset)
+    throttle_ms = wire_throttle_ms(throttle_ms)
     if throttle_ms > current:
         _I32.pack_into(body, offset, throttle_ms)
         return throttle_ms
@@ -242,7 +269,7 @@ def produce_error_response(
             for part in topic.get("partition_data") or []
         ]
         responses.append(entry)
-    return {"responses": responses, "throttle_time_ms": throttle_ms}
+    return {"responses": responses, "throttle_time_ms": wire_throttle_ms(throttle_ms)}
 
 
 def fetch_response_partitions(resp: dict[str, Any]) -> list[PartitionBytes]:

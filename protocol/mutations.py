@@ -14,6 +14,7 @@ from typing import Any
 
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
+from protocol.messages import wire_throttle_ms
 
 MUTATION_APIS: frozenset[int] = frozenset(
     {ApiKey.CREATE_TOPICS, ApiKey.CREATE_PARTITIONS, ApiKey.DELETE_TOPICS}
@@ -149,5 +150,5 @@ def merged_response(
         results.append(found)
     results += [r for i, r in enumerate(theirs) if i not in used]
     out[field] = results
-    out["throttle_time_ms"] = max(int(out.get("throttle_time_ms", 0)), throttle_ms)
+    out["throttle_time_ms"] = wire_throttle_ms(max(int(out.get("throttle_time_ms", 0)), throttle_ms))
     return out

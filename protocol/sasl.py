@@ -23,7 +23,10 @@ def plain_user(auth_bytes: bytes) -> str:
     parts = auth_bytes.split(b"\x00")
     if len(parts) != 3 or not parts[1]:
         raise SaslError("PLAIN message is not authzid NUL authcid NUL password")
-    return parts[1].decode("utf-8")
+    try:
+        return parts[1].decode("utf-8")
+    except UnicodeDecodeError as exc:  # the broker refuses it; the proxy must only not crash
+        raise SaslError("PLAIN user name is not UTF-8") from exc
 
 
 def scram_user(client_first: bytes) -> str:

@@ -936,6 +936,11 @@ class Pipeline:
         empty response, as the broker would send.
         """
         key, version = entry.api_key, entry.api_version
+        only_throttle = not addresses and entry.fetch is None and entry.mutation is None
+        if only_throttle and not messages.can_read_response(key, version):
+            # The codec cannot read this response (an API or version newer than the shipped
+            # schemas): it goes out unchanged; the mute that follows still throttles the client.
+            return frame
         hsize = response_header_size(key, version, frame)
         body = messages.decode_response(key, version, memoryview(frame)[hsize:])
         if entry.capture is not None:
@@ -973,7 +978,9 @@ class Pipeline:
             changed += messages.rewrite_addresses(key, version, body, self.server.brokers.advertised)
         if changed:
             self.metrics.rewritten_addresses.inc(changed)
-            body["throttle_time_ms"] = max(int(body.get("throttle_time_ms", 0)), entry.throttle_ms)
+            body["throttle_time_ms"] = messages.wire_throttle_ms(
+                max(int(body.get("throttle_time_ms", 0)), entry.throttle_ms)
+            )
             out = bytearray(frame[:hsize])
             out += messages.encode_response(key, version, body)
             return out

@@ -306,7 +306,7 @@ def throttled_fetch_response(version: int, throttle_ms: int, request: FetchReque
     """
     incremental = request.session_epoch not in (INITIAL_EPOCH, FINAL_EPOCH)
     body: dict[str, Any] = {
-        "throttle_time_ms": throttle_ms,
+        "throttle_time_ms": messages.wire_throttle_ms(throttle_ms),
         "error_code": int(ErrorCode.NONE),
         "session_id": request.session_id if incremental else INVALID_SESSION_ID,
         "responses": [],
