@@ -48,7 +48,7 @@ class QuotaApiConfig(Strict):
 
     # proxy: answered by the proxy from the quotas it enforces; forward: passed to the brokers
     # untouched; both: applied by the proxy and forwarded, the broker's answer returned.
-    mode: Literal["proxy", "forward", "both"] = "proxy"
+    mode: Literal["proxy", "forward", "both"] = "forward"
     # Principals allowed to alter ("User:alice"; "User:*" for everyone); others get
     # CLUSTER_AUTHORIZATION_FAILED per entry.
     admins: list[str] = Field(default_factory=list)

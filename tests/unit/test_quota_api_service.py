@@ -28,7 +28,7 @@ gateway: {upstream_bootstrap: ["127.0.0.1:9"], broker_port_base: 9100}
 quotas:
   users:
     alice: {producer_byte_rate: 1000}
-quota_api: {admins: ["User:admin"], topic: t}
+quota_api: {mode: proxy, admins: ["User:admin"], topic: t}
 """
 
 

@@ -97,7 +97,8 @@ app.kubernetes.io/component: kafka-broker
 {{- $_ := set $c "mode" $v.mode -}}
 {{- $_ := set $c "bind_host" "0.0.0.0" -}}
 {{- /* 0.0.0.0, not the proxy's default 127.0.0.1: kubelet probes and Prometheus come in on the pod IP. */ -}}
-{{- $admin := dict "host" "0.0.0.0" "port" (int $v.admin.port) -}}
+{{- /* Settings of config.admin the chart does not manage (allow_unauthenticated_changes) are kept. */ -}}
+{{- $admin := merge (dict "host" "0.0.0.0" "port" (int $v.admin.port)) (get $c "admin" | default dict) -}}
 {{- if $v.admin.token.enabled -}}
 {{- $_ := set $admin "token_file" "/etc/kthrottle/admin/token" -}}
 {{- end -}}
@@ -146,7 +147,8 @@ app.kubernetes.io/component: kafka-broker
 {{- $_ := set $c "upstream_sasl" (dict "username" $v.upstreamSasl.username "password_file" "/etc/kthrottle/sasl/password") -}}
 {{- end -}}
 {{- if $v.quotaApi.enabled -}}
-{{- $_ := set $c "quota_api" (dict "mode" $v.quotaApi.mode "admins" $v.quotaApi.admins) -}}
+{{- /* config.quota_api's other settings (describers, topic, timeouts) are kept. */ -}}
+{{- $_ := set $c "quota_api" (merge (dict "mode" $v.quotaApi.mode "admins" $v.quotaApi.admins) (get $c "quota_api" | default dict)) -}}
 {{- end -}}
 {{- toYaml $c -}}
 {{- end -}}
