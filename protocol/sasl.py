@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PLAIN = "PLAIN"
+# Who a client is after a successful exchange of a mechanism the proxy cannot read a name from
+# (OAUTHBEARER, GSSAPI): someone, but not the certificate's principal nor ANONYMOUS.
+UNNAMED_PRINCIPAL = "<unnamed-sasl-principal>"
 SCRAM_PREFIX = "SCRAM-"
 
 
@@ -74,8 +77,16 @@ class SaslTracker:
             self.claimed = None  # never charge a name the broker refused
             return None
         scram = (self.mechanism or "").startswith(SCRAM_PREFIX)
+        if self.mechanism is not None and self.mechanism != PLAIN and not scram:
+            self.authenticated = UNNAMED_PRINCIPAL
+            return self.authenticated
         done = self.mechanism == PLAIN or (scram and self.rounds >= 2)
         if done and self.claimed:
             self.authenticated = self.claimed
             return self.authenticated
         return None
+
+    @property
+    def in_progress(self) -> bool:
+        """A SASL exchange has started and has not succeeded yet."""
+        return self.mechanism is not None and self.authenticated is None

@@ -392,6 +392,7 @@ class Pipeline:
             key in _QUOTA_API_KEYS
             and quota_api is not None
             and (key == ApiKey.ALTER_CLIENT_QUOTAS or quota_api.mode == "proxy")
+            and self._authenticated_as_the_broker_wants
         ):
             self._quota_api_request(frame, header)
             return
@@ -525,6 +526,15 @@ class Pipeline:
             return
         self._client_pauses.discard(_ADMISSION)
         self._release_held()
+
+    @property
+    def _authenticated_as_the_broker_wants(self) -> bool:
+        """False while a SASL exchange is under way, or before any on a listener that requires
+        SASL (the proxy logs in upstream itself then): such a client's quota requests go to the
+        broker, which refuses them as it refuses any request before authentication."""
+        if self.sasl.in_progress:
+            return False
+        return self.server.cfg.upstream_sasl is None or self.sasl.authenticated is not None
 
     def _quota_api_request(self, frame: bytearray, header: RequestHeader) -> None:
         """KIP-546: answer DescribeClientQuotas/AlterClientQuotas in the proxy (and, mode both,

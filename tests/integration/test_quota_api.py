@@ -493,6 +493,28 @@ def test_only_admins_alter(cluster: KafkaCluster, tmp_path: Path) -> None:
         )
 
 
+@pytest.mark.timeout(120)
+def test_unauthenticated_clients_meet_the_broker_not_the_proxy(cluster: KafkaCluster, tmp_path: Path) -> None:
+    """On a listener that requires SASL, a client that has not logged in gets no quota answer
+    from the proxy, even with every principal an admin: its request goes to the broker, which
+    closes the connection as it does for any request before authentication."""
+    topic = _topic_name()
+    cfg = _sasl_config(cluster, topic, quota_api={"admins": ["User:*"]})
+    with ProxyProcess(cfg, workdir=tmp_path) as proxy:
+        _wait_store_ready(proxy, topic)
+        describe = {"components": [{"entity_type": "user", "match_type": 2, "match": None}], "strict": False}
+        with pytest.raises((ConnectionError, OSError, asyncio.IncompleteReadError)):
+            _raw(proxy.bootstrap, 48, describe)
+        alter = {
+            "entries": [_entry({"user": "mallory"}, ("producer_byte_rate", 1e9))],
+            "validate_only": False,
+        }
+        with pytest.raises((ConnectionError, OSError, asyncio.IncompleteReadError)):
+            _raw(proxy.bootstrap, 49, alter)
+        admin = _sasl_props(tmp_path, "admin")
+        assert _java_admin(proxy.bootstrap, admin, "describe", "user=mallory") == []
+
+
 @pytest.mark.timeout(240)
 def test_no_secrets_in_logs_metrics_or_quotas(cluster: KafkaCluster, tmp_path: Path) -> None:
     """DEBUG logging, SASL logins through the proxy, the proxy's own SASL login (discovery and

@@ -43,3 +43,26 @@ def test_failed_exchange_is_never_believed() -> None:
     t.on_authenticate_request(b"\x00mallory\x00wrong")
     assert t.on_authenticate_response(58) is None
     assert t.authenticated is None and t.claimed is None
+
+
+def test_unreadable_mechanism_success_is_an_unnamed_principal() -> None:
+    """OAUTHBEARER or GSSAPI: the proxy cannot read the name, but the connection is someone who
+    logged in, not the certificate's principal or ANONYMOUS, and no longer mid-exchange."""
+    from protocol.sasl import UNNAMED_PRINCIPAL, SaslTracker
+
+    tracker = SaslTracker()
+    tracker.on_handshake("OAUTHBEARER")
+    tracker.on_authenticate_request(b"n,,\x01auth=Bearer xyz\x01\x01")
+    assert tracker.in_progress
+    assert tracker.on_authenticate_response(0) == UNNAMED_PRINCIPAL
+    assert not tracker.in_progress
+
+
+def test_failed_exchange_stays_in_progress() -> None:
+    from protocol.sasl import SaslTracker
+
+    tracker = SaslTracker()
+    tracker.on_handshake("PLAIN")
+    tracker.on_authenticate_request(b"\x00mallory\x00wrong")
+    assert tracker.on_authenticate_response(58) is None
+    assert tracker.in_progress
