@@ -55,7 +55,7 @@ from proxy.throttling import (
 )
 from proxy.tls import server_name
 from quota.keys import ANONYMOUS
-from quota.principal_mapping import NoMatchingRule
+from quota.principal_mapping import BadCertificate, NoMatchingRule
 from quota.volume import VolumeState
 
 if TYPE_CHECKING:
@@ -229,7 +229,7 @@ class Pipeline:
         tls.completed(ssl_object)
         try:
             self.user = tls.principal(ssl_object)
-        except NoMatchingRule as exc:
+        except (NoMatchingRule, BadCertificate) as exc:
             self.reject(f"TLS client certificate: {exc}", "tls-principal")
             return False
         gateway = self.server.cfg.gateway

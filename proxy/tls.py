@@ -21,7 +21,7 @@ from typing import Any
 
 from proxy.config import ListenerTls, TlsFiles, UpstreamTls
 from quota.keys import ANONYMOUS
-from quota.principal_mapping import PrincipalMapper, distinguished_name
+from quota.principal_mapping import PrincipalMapper, distinguished_name, subject_of_certificate
 
 log = logging.getLogger(__name__)
 
@@ -166,11 +166,11 @@ class ListenerTlsContext:
 
     def principal(self, ssl_object: Any) -> str:
         """The principal of a connection's client certificate (ANONYMOUS without one); raises
-        NoMatchingRule when no mapping rule applies."""
-        cert = ssl_object.getpeercert() if ssl_object is not None else None
-        if not cert:
+        NoMatchingRule when no mapping rule applies (BadCertificate for an unreadable subject)."""
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        if not der:
             return ANONYMOUS
-        return self.mapper.name(distinguished_name(cert.get("subject", ())))
+        return self.mapper.name(distinguished_name(subject_of_certificate(der)))
 
 
 def server_name(ssl_object: Any) -> str | None:

@@ -1,7 +1,8 @@
 """Who a client certificate is: its subject as a distinguished name, mapped to a principal name.
 
 Kafka names an mTLS client by its certificate subject in RFC 2253 form (Java's
-``X500Principal.getName()``: the most specific attribute first, ``CN=alice,OU=eng,O=Example``)
+``X500Principal.getName()``: the most specific attribute first, ``CN=alice,OU=eng,O=Example``;
+other attributes than Java's nine keywords as ``OID=#hex``), read here from the certificate's DER
 and lets ``ssl.principal.mapping.rules`` turn that into a short name. The rules here follow
 Kafka's ``SslPrincipalMapper``: tried in order, ``DEFAULT`` keeps the name as it is,
 ``RULE:pattern/replacement/[LU]`` applies when the pattern matches the whole name, replaces it
@@ -15,23 +16,35 @@ regular expressions; YAML lists do not).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 DEFAULT_RULES: tuple[str, ...] = ("DEFAULT",)
 
-# Attribute names Java prints by keyword in RFC 2253 form; Python's ssl module gives long names.
+# Attributes Java prints by keyword in RFC 2253 form (by OID); any other is printed as its dotted
+# OID and the hex of its DER value, as ``X500Principal.getName()`` does.
 _KEYWORDS = {
-    "commonName": "CN",
-    "countryName": "C",
-    "localityName": "L",
-    "stateOrProvinceName": "ST",
-    "organizationName": "O",
-    "organizationalUnitName": "OU",
-    "streetAddress": "STREET",
-    "domainComponent": "DC",
-    "userId": "UID",
+    "2.5.4.3": "CN",
+    "2.5.4.6": "C",
+    "2.5.4.7": "L",
+    "2.5.4.8": "ST",
+    "2.5.4.10": "O",
+    "2.5.4.11": "OU",
+    "2.5.4.9": "STREET",
+    "0.9.2342.19200300.100.1.25": "DC",
+    "0.9.2342.19200300.100.1.1": "UID",
 }
+# DER string types and how their bytes decode.
+_STRINGS = {
+    0x0C: "utf-8",  # UTF8String
+    0x13: "ascii",  # PrintableString
+    0x14: "latin-1",  # TeletexString (T.61; Latin-1 in practice)
+    0x16: "ascii",  # IA5String
+    0x1A: "ascii",  # VisibleString
+    0x1E: "utf-16-be",  # BMPString
+    0x1C: "utf-32-be",  # UniversalString
+}
+_JAVA_ESCAPED = ',=+<>#;"\\'
 
 _RULE = re.compile(r"RULE:((?:\\.|[^\\/])*)/((?:\\.|[^\\/])*)/([LU]?)")
 
@@ -40,23 +53,104 @@ class NoMatchingRule(ValueError):
     """No mapping rule applies to a certificate's name: the connection is refused."""
 
 
-def _escape(value: str) -> str:
-    """RFC 2253 escaping of an attribute value."""
+class BadCertificate(ValueError):
+    """A certificate whose subject cannot be read (the TLS library accepted it, so: rare)."""
+
+
+def _tlv(data: bytes, at: int) -> tuple[int, int, int]:
+    """(tag, start of value, end of value) of the DER element at ``at``."""
+    if at + 2 > len(data):
+        raise BadCertificate("truncated DER")
+    tag, first = data[at], data[at + 1]
+    at += 2
+    if first < 0x80:
+        length = first
+    else:
+        count = first & 0x7F
+        if count == 0 or count > 4 or at + count > len(data):
+            raise BadCertificate("bad DER length")
+        length = int.from_bytes(data[at : at + count], "big")
+        at += count
+    if at + length > len(data):
+        raise BadCertificate("DER value runs past its container")
+    return tag, at, at + length
+
+
+def _children(data: bytes, start: int, end: int) -> list[tuple[int, int, int, int]]:
+    """(tag, value start, value end, element start) of each element in data[start:end]."""
     out = []
-    for i, ch in enumerate(value):
-        if ch in ',+"\\<>;' or (ch == "#" and i == 0) or (ch == " " and i in (0, len(value) - 1)):
-            out.append("\\" + ch)
-        else:
-            out.append(ch)
+    at = start
+    while at < end:
+        tag, vstart, vend = _tlv(data, at)
+        out.append((tag, vstart, vend, at))
+        at = vend
+    return out
+
+
+def _oid(raw: bytes) -> str:
+    if not raw:
+        raise BadCertificate("empty OID")
+    arcs: list[int] = []
+    value = 0
+    for byte in raw:
+        value = (value << 7) | (byte & 0x7F)
+        if not byte & 0x80:
+            arcs.append(value)
+            value = 0
+    if not arcs or raw[-1] & 0x80:
+        raise BadCertificate("truncated OID")
+    first = min(arcs[0] // 40, 2)
+    return ".".join(str(a) for a in (first, arcs[0] - 40 * first, *arcs[1:]))
+
+
+def _java_escape(value: str) -> str:
+    """Java's RFC 2253 escaping: ``,=+<>#;"\\`` anywhere, and spaces at either end."""
+    out = ["\\" + ch if ch in _JAVA_ESCAPED else ch for ch in value]
+    if out and value[0] == " ":
+        out[0] = "\\ "
+    if len(out) > 1 and value[-1] == " ":
+        out[-1] = "\\ "
     return "".join(out)
 
 
-def distinguished_name(subject: Iterable[Iterable[tuple[str, str]]]) -> str:
-    """RFC 2253 string of a subject as Python's ``SSLObject.getpeercert()`` gives it (RDNs in
-    certificate order, each a tuple of (attribute, value)): reversed, as Java prints it."""
+def subject_of_certificate(der: bytes) -> bytes:
+    """The DER of a certificate's subject Name (the sixth field of tbsCertificate, after an
+    optional [0] version, the serial, the signature algorithm, the issuer and the validity)."""
+    _tag, start, _end = _tlv(der, 0)
+    _tag, tbs_start, tbs_end = _tlv(der, start)
+    fields = _children(der, tbs_start, tbs_end)
+    if fields and fields[0][0] == 0xA0:
+        fields = fields[1:]
+    if len(fields) < 5:
+        raise BadCertificate("certificate has no subject")
+    _tag, _vs, vend, at = fields[4]
+    return der[at:vend]
+
+
+def distinguished_name(subject_der: bytes) -> str:
+    """The RFC 2253 name of a DER-encoded subject as Java prints it (``X500Principal.getName()``,
+    what Kafka maps): the last RDN first, attributes of one RDN in their encoded order."""
+    _tag, start, end = _tlv(subject_der, 0)
     rdns = []
-    for rdn in subject:
-        rdns.append("+".join(f"{_KEYWORDS.get(attr, attr)}={_escape(value)}" for attr, value in rdn))
+    for _set_tag, set_start, set_end, _ in _children(subject_der, start, end):
+        parts = []
+        for _seq, seq_start, seq_end, _ in _children(subject_der, set_start, set_end):
+            pair = _children(subject_der, seq_start, seq_end)
+            if len(pair) != 2:
+                raise BadCertificate("attribute is not a type and a value")
+            (_ot, ostart, oend, _), (vtag, vstart, vend, vat) = pair
+            oid = _oid(subject_der[ostart:oend])
+            keyword = _KEYWORDS.get(oid)
+            encoding = _STRINGS.get(vtag)
+            if keyword is not None and encoding is not None:
+                try:
+                    text = subject_der[vstart:vend].decode(encoding)
+                except UnicodeDecodeError as exc:
+                    raise BadCertificate(f"attribute {keyword} is not {encoding}") from exc
+                parts.append(f"{keyword}={_java_escape(text)}")
+            else:
+                parts.append(f"{oid}=#{subject_der[vat:vend].hex()}")
+        rdns.append("+".join(parts))
     return ",".join(reversed(rdns))
 
 
