@@ -49,7 +49,12 @@ class ExchangeSettings:
             if cfg.upstream_tls.enabled and not own_files:
                 kwargs["ssl_context"] = client_context(cfg.upstream_tls)
             else:
-                context = ssl.create_default_context(cafile=str(ex.ssl_cafile) if ex.ssl_cafile else None)
+                # The CA file alone when given, as Kafka's truststore.
+                context = (
+                    ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT) if ex.ssl_cafile else ssl.create_default_context()
+                )
+                if ex.ssl_cafile:
+                    context.load_verify_locations(cafile=str(ex.ssl_cafile))
                 if ex.ssl_certfile is not None and ex.ssl_keyfile is not None:
                     context.load_cert_chain(str(ex.ssl_certfile), str(ex.ssl_keyfile))
                 kwargs["ssl_context"] = context

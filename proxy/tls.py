@@ -62,7 +62,12 @@ def server_context(cfg: ListenerTls) -> ssl.SSLContext:
 
 
 def client_context(cfg: UpstreamTls) -> ssl.SSLContext:
-    context = ssl.create_default_context()
+    """Brokers are trusted by ``cafile`` alone when given (as Kafka's truststore: a public
+    certificate for a broker's name is not enough), else by the system's CAs."""
+    if cfg.cafile is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies chain and host name
+    else:
+        context = ssl.create_default_context()
     context.check_hostname = cfg.check_hostname
     return _load(context, cfg)
 

@@ -108,3 +108,16 @@ def test_proxy_own_clients_use_upstream_tls(tmp_path: Path) -> None:
     assert ExchangeSettings.of(with_login).client_kwargs["security_protocol"] == "SASL_SSL"
     assert security(with_login)["security_protocol"] == "SASL_SSL"
     assert security(parse_config(GATEWAY)) == {"security_protocol": "PLAINTEXT"}
+
+
+def test_upstream_trusts_the_ca_file_alone(tmp_path: Path) -> None:
+    """As Kafka's truststore: with a cafile, the system's CAs are not trusted besides it."""
+    from proxy.config import UpstreamTls
+    from proxy.tls import client_context
+
+    ca = CertificateAuthority(tmp_path / "ca")
+    only = client_context(UpstreamTls(enabled=True, cafile=ca.cert_path))
+    assert [c["subject"] for c in only.get_ca_certs()] == [((("commonName", "kthrottle test CA"),),)]
+    assert only.verify_mode == ssl.CERT_REQUIRED and only.check_hostname
+    system = client_context(UpstreamTls(enabled=True))
+    assert system.verify_mode == ssl.CERT_REQUIRED
