@@ -36,6 +36,7 @@ from quota.client_quota_ops import Alteration, AlterResult, ApiError, Component,
 from quota.config import QuotaConfig
 
 log = logging.getLogger(__name__)
+_ABSENT = object()  # no value for a key in the overlay
 
 AUTHORIZATION_FAILED = ApiError("CLUSTER_AUTHORIZATION_FAILED", "Cluster authorization failed.")
 
@@ -227,18 +228,27 @@ class QuotaApiService:
         if key is None:
             return
         try:
-            entity = ops.decode_key(key)
-            values = ops.decode_value(entity, value)
+            entity, quota_key = ops.decode_key(key)
+            present, number = ops.decode_value(entity, quota_key, value)
         except ops.RecordError as exc:
             log.warning("quota API: record %r skipped: %s", key, exc)
             return
-        if values:
-            if self.overlay.get(entity) == values:
+        values = self.overlay.get(entity, {})
+        if present:
+            if quota_key in values and values[quota_key] == number:
                 return  # this instance's own alteration, applied when it was made
-            self.overlay[entity] = values
-        elif self.overlay.pop(entity, None) is None:
+            self.overlay.setdefault(entity, {})[quota_key] = number
+        elif values.pop(quota_key, _ABSENT) is _ABSENT:
             return
-        log.info("quota API: %s now %s", dict(entity), values or "as in the config file")
+        elif not values:
+            self.overlay.pop(entity, None)
+        shown = number if present else "as in the config file"
+        log.info(
+            "quota API: %s %s now %s",
+            dict(entity),
+            quota_key,
+            "removed" if present and number is None else shown,
+        )
         self._enforce()
 
     # --- describe ----------------------------------------------------------------------------
@@ -317,17 +327,17 @@ class QuotaApiService:
             )
             failed = dict.fromkeys(changes, err)
         else:
-            for entity, values in ops.merged(self.overlay, changes).items():
-                if await self.exchange.publish(ops.encode_key(entity), ops.encode_value(values)):
-                    if values:
-                        self.overlay[entity] = values
+            for entity, change in changes.items():
+                for quota_key, number in change.items():
+                    if await self.exchange.publish(
+                        ops.encode_key(entity, quota_key), ops.encode_value(number)
+                    ):
+                        self.overlay.setdefault(entity, {})[quota_key] = number
                     else:
-                        self.overlay.pop(entity, None)
-                else:
-                    failed[entity] = ApiError(
-                        "REQUEST_TIMED_OUT",
-                        f"kthrottle: the quota store (topic {topic}) did not take the change",
-                    )
+                        failed[entity] = ApiError(
+                            "REQUEST_TIMED_OUT",
+                            f"kthrottle: the quota store (topic {topic}) did not take the change",
+                        )
             self._enforce()
         if failed:
             result.results = [

@@ -312,30 +312,21 @@ def _alter_entity(
     keys = keys_for(entity, ip_valid, resolvable)
     if isinstance(keys, ApiError):
         return keys, {}
+    # Every key given is recorded, changed or not: a diff against this instance's view of the
+    # overlay could be stale (another alteration landing meanwhile), and recording is idempotent.
     change: Values = {}
     for key, value in values.items():
         if value is None:
-            # Kafka removes without checking the key; the proxy records the removal (it wins
-            # over the config file) unless it is already recorded.
-            if key in keys and (key not in current or current[key] is not None):
+            # Kafka removes without checking the key; the proxy records the removal of a key the
+            # entity can carry (it wins over the config file).
+            if key in keys:
                 change[key] = None
             continue
         error = validate_value(keys, key, value)
         if error.failed:
             return error, {}
-        if current.get(key) != value:
-            change[key] = float(value)
+        change[key] = float(value)
     return NONE, change
-
-
-def merged(current: Overlay, changes: Overlay) -> Overlay:
-    """The overlay after ``changes`` (only the entities changed are in the result)."""
-    out: Overlay = {}
-    for entity, change in changes.items():
-        values = dict(current.get(entity, {}))
-        values.update(change)
-        out[entity] = values
-    return out
 
 
 # --- the overlay on the config file's quotas --------------------------------------------------
@@ -468,54 +459,48 @@ class RecordError(ValueError):
     """A stored overlay record the proxy cannot read (skipped, logged)."""
 
 
-def encode_key(entity: Entity) -> bytes:
-    """Topic key of an entity: compact JSON of its sorted [type, name] pairs (null: default)."""
-    return json.dumps([list(p) for p in entity], separators=(",", ":")).encode()
+def encode_key(entity: Entity, key: str) -> bytes:
+    """Topic key of one quota key of an entity: compact JSON of the entity's sorted [type, name]
+    pairs (null: default) and the key. One record per (entity, key), so alterations of different
+    keys of one entity, made at once through different proxies, never overwrite each other."""
+    return json.dumps([[list(p) for p in entity], key], separators=(",", ":")).encode()
 
 
-def encode_value(values: Mapping[str, float | None]) -> bytes | None:
-    """Topic value: JSON of the entity's overlaid keys (null: removed); None (a tombstone) when
-    the overlay of the entity is empty."""
-    if not values:
-        return None
-    return json.dumps(dict(sorted(values.items())), separators=(",", ":")).encode()
+def encode_value(value: float | None) -> bytes:
+    """Topic value: the number, or null for a key removed (which wins over the config file)."""
+    return json.dumps(value).encode()
 
 
-def decode_key(data: bytes) -> Entity:
+def decode_key(data: bytes) -> tuple[Entity, str]:
     try:
-        pairs = json.loads(data)
+        pairs, key = json.loads(data)
         entity = {str(t): (None if n is None else str(n)) for t, n in pairs}
     except (ValueError, TypeError) as exc:
-        raise RecordError(f"not an entity key: {exc}") from exc
-    if _validate_entity(entity).failed or isinstance(keys_for(entity, lambda _ip: True), ApiError):
+        raise RecordError(f"not an entity and key: {exc}") from exc
+    keys = keys_for(entity, lambda _ip: True) if not _validate_entity(entity).failed else None
+    if keys is None or isinstance(keys, ApiError):
         raise RecordError(f"not a quota entity: {entity}")
-    return canonical(entity)
+    if not isinstance(key, str) or key not in keys:
+        raise RecordError(f"key {key!r} not valid for {entity}")
+    return canonical(entity), key
 
 
-def decode_value(entity: Entity, data: bytes | None) -> Values:
-    """The overlay values of a record (empty for a tombstone); keys the entity cannot carry and
-    values Kafka would refuse are an error, so a bad record never reaches the quotas."""
+def decode_value(entity: Entity, key: str, data: bytes | None) -> tuple[bool, float | None]:
+    """(present, value) of a record: a tombstone is not present (the file's value again); a value
+    Kafka would refuse is an error, so a bad record never reaches the quotas."""
     if data is None:
-        return {}
+        return False, None
     try:
-        raw = json.loads(data)
+        value = json.loads(data)
     except ValueError as exc:
         raise RecordError(f"not JSON: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise RecordError("the value is not a JSON object")
+    if value is None:
+        return True, None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise RecordError(f"{key}: {value!r} is not a number")
     keys = keys_for(dict(entity), lambda _ip: True)
     assert not isinstance(keys, ApiError)  # decode_key checked the entity
-    values: Values = {}
-    for key, value in raw.items():
-        if value is None:
-            if key not in keys:
-                raise RecordError(f"key {key} not valid for {dict(entity)}")
-            values[key] = None
-            continue
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise RecordError(f"{key}: {value!r} is not a number")
-        error = validate_value(keys, key, float(value))
-        if error.failed:
-            raise RecordError(error.message or key)
-        values[key] = float(value)
-    return values
+    error = validate_value(keys, key, float(value))
+    if error.failed:
+        raise RecordError(error.message or key)
+    return True, float(value)

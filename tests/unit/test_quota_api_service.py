@@ -5,7 +5,6 @@ CLI's exit codes."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +82,10 @@ async def test_alteration_is_stored_enforced_and_survives_a_reload() -> None:
     assert [e.name for _x, e in result.results] == ["NONE"]
     assert server.enforcer.cfg.users["alice"].producer_byte_rate == 2048.0
     records = service.exchange.records  # type: ignore[attr-defined]
-    assert records == [(b'[["user","alice"]]', b'{"consumer_byte_rate":10.0,"producer_byte_rate":2048.0}')]
+    assert records == [  # one record per key: concurrent alterations of other keys never collide
+        (b'[[["user","alice"]],"producer_byte_rate"]', b"2048.0"),
+        (b'[[["user","alice"]],"consumer_byte_rate"]', b"10.0"),
+    ]
     # A hot reload of the file with a new value for alice: the API's value stays on top.
     apply(server, parse_config(GATEWAY.replace("1000}", "1000, request_percentage: 40}")))
     assert server.enforcer.cfg.users["alice"].producer_byte_rate == 2048.0
@@ -117,12 +119,25 @@ async def test_store_not_read_yet_is_a_retriable_error_and_changes_nothing() -> 
     assert found == [((("user", "alice"),), {"producer_byte_rate": 1000.0})]
 
 
+async def test_other_keys_of_an_entity_altered_elsewhere_are_kept() -> None:
+    """Two instances alter different keys of alice at the same instant: each applies the other's
+    record and keeps its own (one record per (entity, key) in the topic)."""
+    server = _server()
+    service = server.quota_api
+    assert service is not None
+    body = _kafka_alter(({"user": "alice"}, [("consumer_byte_rate", 10.0)]))
+    await service.alter(alterations_of(body), validate_only=False)
+    service._on_record(ops.encode_key((("user", "alice"),), "producer_byte_rate"), b"4096")
+    alice = server.enforcer.cfg.users["alice"]
+    assert (alice.producer_byte_rate, alice.consumer_byte_rate) == (4096.0, 10.0)
+
+
 async def test_records_from_other_instances_apply_and_tombstones_hand_back_to_the_file() -> None:
     server = _server()
     service = server.quota_api
     assert service is not None
-    key = ops.encode_key((("user", "alice"),))
-    service._on_record(key, b'{"producer_byte_rate":null}')
+    key = ops.encode_key((("user", "alice"),), "producer_byte_rate")
+    service._on_record(key, b"null")
     assert server.enforcer.cfg.users["alice"].producer_byte_rate is None
     service._on_record(b"garbage", b"{}")  # skipped, logged
     service._on_record(key, None)
@@ -262,7 +277,9 @@ def test_error_names_are_protocol_codes() -> None:
         "REQUEST_TIMED_OUT",
     ):
         assert ErrorCode[name] is not None
-    assert json.dumps(ops.encode_key(((ops.USER, None),)).decode()) == '"[[\\"user\\",null]]"'
+    assert (
+        ops.encode_key(((ops.USER, None),), "producer_byte_rate") == b'[[["user",null]],"producer_byte_rate"]'
+    )
 
 
 def test_registered_secrets_are_masked_in_log_records(caplog: pytest.LogCaptureFixture) -> None:
