@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import logging
 from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -488,9 +489,7 @@ class Pipeline:
         entry.charge_time = self.server.enforcer.request_time_charged(header.api_key)
         self.in_flight.append(entry)
         self.pause_client(_ADMISSION)
-        task = self.loop.create_task(self._admission(entry, frame, header, body, state))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._admission(entry, frame, header, body, state))
 
     async def _admission(
         self,
@@ -509,11 +508,7 @@ class Pipeline:
             if entry.capture is not None:
                 entry.capture.on_mutation(state.costs, state.accepted, decided)
             if not any(state.accepted):
-                payload = encode_response_header(header.api_key, header.api_version, header.correlation_id)
-                payload += messages.encode_response(
-                    header.api_key, header.api_version, admission.local_response(state)
-                )
-                entry.local_response = bytes(payload)
+                entry.local_response = self._encoded_answer(header, admission.local_response(state))
                 self._flush_local()
             else:
                 rewritten = admission.upstream_request(state, body)
@@ -548,9 +543,7 @@ class Pipeline:
         entry = self._held_entry(header, frame)
         self.in_flight.append(entry)
         self.pause_client(_QUOTA_API)
-        task = self.loop.create_task(self._quota_api(entry, frame, header, body))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._quota_api(entry, frame, header, body))
 
     async def _quota_api(
         self, entry: InFlight, frame: bytearray, header: RequestHeader, body: dict[str, Any]
@@ -581,9 +574,7 @@ class Pipeline:
                 answer = alter_response(result.results)
             if self.closed:
                 return
-            payload = encode_response_header(header.api_key, header.api_version, header.correlation_id)
-            payload += messages.encode_response(header.api_key, header.api_version, answer)
-            entry.local_response = bytes(payload)
+            entry.local_response = self._encoded_answer(header, answer)
             self._flush_local()
         except Exception:  # a bug here must not leave the connection held forever
             log.exception("conn %d: client-quota request failed", self.id)
@@ -596,9 +587,7 @@ class Pipeline:
         """Mode both: the broker answered an alteration; the entry goes back to the head of the
         FIFO (nothing was forwarded after it) until the proxy has stored its part."""
         self.in_flight.appendleft(entry)
-        task = self.loop.create_task(self._quota_alter_both(entry, frame))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._quota_alter_both(entry, frame))
 
     async def _quota_alter_both(self, entry: InFlight, frame: bytearray) -> None:
         service = self.server.quota_api
@@ -652,9 +641,7 @@ class Pipeline:
             return
         self.pause_client(_VOLUME_PAUSE)
         outcome = ["closed"]  # set by _parked; the bytes are released however the task ends
-        task = self.loop.create_task(self._parked(entry, frame, header, body, charge.throttle_ms, outcome))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task = self._spawn(self._parked(entry, frame, header, body, charge.throttle_ms, outcome))
         task.add_done_callback(lambda _t: volume.unpark(len(frame), outcome[0]))
 
     def _held_entry(self, header: RequestHeader, frame: bytearray) -> InFlight:
@@ -733,13 +720,10 @@ class Pipeline:
         )
         if entry is None:
             return
-        payload = encode_response_header(header.api_key, header.api_version, header.correlation_id)
-        payload += messages.encode_response(
-            header.api_key,
-            header.api_version,
-            messages.produce_error_response(body, ErrorCode.NOT_ENOUGH_REPLICAS, PAUSED_MESSAGE, throttle_ms),
+        answer = messages.produce_error_response(
+            body, ErrorCode.NOT_ENOUGH_REPLICAS, PAUSED_MESSAGE, throttle_ms
         )
-        entry.local_response = bytes(payload)
+        entry.local_response = self._encoded_answer(header, answer)
         entry.throttle_ms = throttle_ms if mute else 0  # the answer carries it either way
         self._flush_local()
 
@@ -820,14 +804,30 @@ class Pipeline:
         assert self.upstream is not None
         self.upstream.writelines((SIZE.pack(len(frame)), frame))
 
-    def _answer_locally(self, header: RequestHeader, body: dict[str, Any]) -> None:
+    @staticmethod
+    def _encoded_answer(header: RequestHeader, body: dict[str, Any]) -> bytes:
+        """The proxy's own response to a request: its header, then ``body``."""
         payload = encode_response_header(header.api_key, header.api_version, header.correlation_id)
         payload += messages.encode_response(header.api_key, header.api_version, body)
+        return bytes(payload)
+
+    def _answer_locally(self, header: RequestHeader, body: dict[str, Any]) -> None:
         entry = InFlight(
-            header.api_key, header.api_version, header.correlation_id, self.loop.time(), bytes(payload)
+            header.api_key,
+            header.api_version,
+            header.correlation_id,
+            self.loop.time(),
+            self._encoded_answer(header, body),
         )
         self.in_flight.append(entry)
         self._flush_local()
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A task of this connection: cancelled when it closes."""
+        task = self.loop.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def _flush_local(self) -> None:
         while self.in_flight and self.in_flight[0].local_response is not None:

@@ -352,7 +352,7 @@ def _java_tls_props(tmp_path: Path, pki: Pki, name: str, cert: CertFiles) -> Pat
 def test_certificate_principal_as_quota_admin(tls_cluster: KafkaCluster, pki: Pki, tmp_path: Path) -> None:
     """The quota Admin API's admins are matched by certificate principals too: the Java admin
     client with alice's certificate alters a quota through the proxy; with bob's it is refused."""
-    from tests.integration.test_quota_api import _java_admin
+    from tests.integration.test_quota_api import _java_admin, _wait_store_ready
 
     topic = f"__kthrottle_quotas_tls_{uuid.uuid4().hex[:6]}"
     cfg = _proxy_config(tls_cluster, pki, pki.proxy_server)
@@ -360,10 +360,7 @@ def test_certificate_principal_as_quota_admin(tls_cluster: KafkaCluster, pki: Pk
     with ProxyProcess(cfg, workdir=tmp_path / "proxy") as proxy:
         alice = _java_tls_props(tmp_path, pki, "alice", pki.alice)
         bob = _java_tls_props(tmp_path, pki, "bob", pki.bob)
-        deadline = time.monotonic() + 30
-        while proxy.metric("kthrottle_exchange_connected", {"topic": topic}) != 1:
-            assert time.monotonic() < deadline, proxy.log_tail(30)
-            time.sleep(0.2)
+        _wait_store_ready(proxy, topic)
         assert _java_admin(proxy.bootstrap, alice, "alter", "user=carol", "producer_byte_rate=4096") == [
             "RESULT OK"
         ]
