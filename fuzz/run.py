@@ -53,6 +53,18 @@ def _import(name: str) -> Callable[[bytes], None]:
     raise SystemExit(f"unknown target {name!r} (one of {', '.join(TARGETS)})")
 
 
+RSS_HEADROOM_MB = 2048  # libFuzzer's default limit, on top of what the process started with
+
+
+def inherited_peak_rss_mb() -> int:
+    """The peak RSS this process already reports: Linux carries a parent's peak across fork and
+    exec, so a fuzz run started from a large process (pytest late in a long suite) would be
+    "out of memory" before its first input under libFuzzer's absolute default of 2048 MB."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
@@ -94,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         flags.append(f"-max_total_time={args.max_total_time}")
     if args.seed is not None:
         flags.append(f"-seed={args.seed}")
+    if not any(flag.startswith("-rss_limit_mb=") for flag in extra):
+        flags.append(f"-rss_limit_mb={inherited_peak_rss_mb() + RSS_HEADROOM_MB}")
     flags += extra
     flags += [str(new_corpus), str(CORPUS / args.target)]
     atheris.Setup(flags, target)
