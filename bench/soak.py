@@ -375,10 +375,12 @@ def librdkafka_admin(bootstrap: str, stop: Event, out: Any, client_id: str) -> N
         n += 1
         if settle("create", admin.create_topics([NewTopic(name, 4, 1)], operation_timeout=30)):
             settle("partitions", admin.create_partitions([NewPartitions(name, 6)], operation_timeout=30))
-            while (
-                not settle("delete", admin.delete_topics([name], operation_timeout=30)) and not stop.is_set()
-            ):
-                time.sleep(0.5)  # throttled: a topic left behind would grow the cluster all soak long
+            give_up = time.monotonic() + 120  # a topic left behind would grow the cluster all soak long
+            while not settle("delete", admin.delete_topics([name], operation_timeout=30)):
+                if time.monotonic() > give_up:
+                    outcomes["delete:gave-up"] += 1
+                    break
+                time.sleep(0.5)
         stop.wait(max(0.0, 0.5 - (time.monotonic() - began)))
     _report(out, client_id, outcomes=dict(outcomes))
 

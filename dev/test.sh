@@ -13,4 +13,4 @@ ruff check protocol quota proxy analytics dev tests bench fuzz
 echo "== mypy" >&2
 mypy
 echo "== pytest" >&2
-exec python -m pytest -p no:cacheprovider -q -ra "$@"
+exec python -m pytest -p no:cacheprovider -q -ra --durations=25 "$@"

@@ -1,0 +1,56 @@
+"""The soak's five-minute version: bench/soak.py run as a user would run it, judged on what it
+prints. Mixed produce, fetch and admin traffic from three client libraries through the proxy
+with quotas on; nothing acknowledged may be lost or doubled, no client may see an error, and
+the proxy's memory and descriptors must not creep."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dev.proxy_process import REPO
+
+pytestmark = pytest.mark.integration
+
+MINUTES = 5
+
+
+@pytest.mark.timeout(MINUTES * 60 + 600)
+def test_five_minute_soak_loses_nothing_and_does_not_creep() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "soak.py"), "--minutes", str(MINUTES)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=MINUTES * 60 + 540,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    print(proc.stdout[-4000:])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    # Every acknowledged message consumed by every group reading its topic, exactly once.
+    assert figures["messages_produced"] > 0
+    assert figures["missing"] == 0, figures["messages_consumed"]
+    assert figures["duplicates"] == 0
+    assert figures["produced_equals_consumed"], figures
+    # No client saw an error, and the proxy refused nothing (the admin's throttling is the quota's).
+    assert figures["errors_by_kind"] == {}, figures["errors_by_kind"]
+    # Quotas were on and applied to all three kinds of traffic.
+    throttled = figures["throttled_requests_by_api"]
+    assert throttled.get("Produce", 0) > 0 and throttled.get("Fetch", 0) > 0, throttled
+    assert (
+        throttled.get("CreateTopics", 0)
+        + figures["throttled_by_kind"].get("librdkafka-admin:create:THROTTLING_QUOTA_EXCEEDED", 0)
+        > 0
+    )
+    assert figures["admin_topics_created"] == figures["admin_topics_deleted"] > 0
+    # The proxy does not creep: memory within 10% of where it stood after the warm-up, and
+    # every connection's descriptors given back once the clients have gone.
+    assert figures["rss_growth_pct"] < 10, figures["rss_mib_every_minute"]
+    assert figures["fds_end"] <= figures["fds_start"] + 4
+    assert figures["fds_after_drain"] <= figures["fds_launch"] + 4
