@@ -575,12 +575,14 @@ def run(minutes: float, warmup: float) -> Result:
             throttled = scrape(proxy, "kthrottle_throttled_requests_total", "api")
             upstream = scrape(proxy, "kthrottle_upstream_errors_total", "kind")
             rejected = scrape(proxy, "kthrottle_rejected_frames_total", "reason")
+            # The broker closing a connection idle for connections.max.idle.ms is no error.
+            broker_idle_closes = int(upstream.pop("idle_close", 0))
             proxy_errors = {f"proxy-upstream:{k}": v for k, v in upstream.items()}
             proxy_errors.update({f"proxy-rejected:{k}": v for k, v in rejected.items()})
     return summarize(
         results, acked, requests, throttled, proxy_errors, trace, start_sample, end_sample,
         (rss_launch, fds_launch), (rss_final, fds_final), minutes,
-    )  # fmt: skip
+    ) | {"broker_idle_closes": broker_idle_closes}  # fmt: skip
 
 
 def summarize(

@@ -27,7 +27,11 @@ class ProxyMetrics:
             "kthrottle_response_bytes", "Response bytes to clients, by api", ["api"], registry=r
         )
         self.upstream_errors = Counter(
-            "kthrottle_upstream_errors", "Upstream connection failures, by kind", ["kind"], registry=r
+            "kthrottle_upstream_errors",
+            "Upstream connection failures, by kind (connect, disconnect with requests in flight, "
+            "idle_close: the broker closed an idle connection)",
+            ["kind"],
+            registry=r,
         )
         self.rejected_frames = Counter(
             "kthrottle_rejected_frames",

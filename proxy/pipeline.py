@@ -320,9 +320,20 @@ class Pipeline:
             self.close(why, level=logging.INFO)
 
     def upstream_lost(self, exc: Exception | None) -> None:
+        """With requests in flight this is a failure the client will see as one; with none it
+        is most often the broker closing a connection idle for its connections.max.idle.ms,
+        which the client sees exactly as it would without the proxy."""
         if not self.closed:
-            self.metrics.upstream_errors.labels("disconnect").inc()
-            self.close(f"upstream {getattr(self, 'upstream_addr', '?')} closed the connection ({exc!r})")
+            where = getattr(self, "upstream_addr", "?")
+            if self.in_flight:
+                self.metrics.upstream_errors.labels("disconnect").inc()
+                self.close(
+                    f"upstream {where} closed the connection with {len(self.in_flight)} requests "
+                    f"in flight ({exc!r})"
+                )
+            else:
+                self.metrics.upstream_errors.labels("idle_close").inc()
+                self.close(f"upstream {where} closed the connection while idle ({exc!r})", level=logging.INFO)
 
     @property
     def idle(self) -> bool:

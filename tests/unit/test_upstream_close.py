@@ -1,0 +1,86 @@
+"""A broker closing a connection is counted by what the client loses: with requests in flight
+it is an upstream failure; idle, it is the broker's connections.max.idle.ms at work (the client
+sees the same close it would see without the proxy), counted apart so it raises no alarm."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from dev.harness import free_port
+from proxy.config import parse_config
+from proxy.server import ProxyServer
+
+
+def _api_versions_request() -> bytes:
+    payload = struct.pack(">hhih", 18, 0, 7, 4) + b"test"
+    return struct.pack(">i", len(payload)) + payload
+
+
+class _ClosingUpstream:
+    """Closes every connection: at once, or after the first bytes it reads."""
+
+    def __init__(self) -> None:
+        self.after_request = False
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.after_request:
+            await reader.read(1)
+        else:
+            await asyncio.sleep(0.2)
+        writer.close()
+
+
+@pytest.fixture
+def proxy() -> Iterator[tuple[int, ProxyServer, _ClosingUpstream]]:
+    loop = asyncio.new_event_loop()
+    stub = _ClosingUpstream()
+    upstream_port, proxy_port = free_port(), free_port()
+    cfg = parse_config(
+        f"mode: sidecar\nsidecar: {{listen_port: {proxy_port}, upstream: '127.0.0.1:{upstream_port}'}}\n"
+        "admin: {enabled: false}\nmetadata_refresh_seconds: 3600\nquota_api: {mode: forward}\n"
+    )
+    server = ProxyServer(cfg)
+
+    async def start() -> None:
+        await asyncio.start_server(stub.handle, "127.0.0.1", upstream_port)
+        await server.start()
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+    yield proxy_port, server, stub
+    asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+def _count(server: ProxyServer, kind: str) -> float:
+    return server.metrics.upstream_errors.labels(kind)._value.get()  # type: ignore[attr-defined,no-any-return]
+
+
+@pytest.mark.timeout(30)
+def test_idle_close_is_not_a_failure(proxy: tuple[int, ProxyServer, _ClosingUpstream]) -> None:
+    port, server, _stub = proxy
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        assert sock.recv(10) == b""  # the client sees the broker's close
+    assert _count(server, "idle_close") == 1
+    assert _count(server, "disconnect") == 0
+
+
+@pytest.mark.timeout(30)
+def test_close_with_a_request_in_flight_is_a_failure(
+    proxy: tuple[int, ProxyServer, _ClosingUpstream],
+) -> None:
+    port, server, stub = proxy
+    stub.after_request = True
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(_api_versions_request())
+        assert sock.recv(10) == b""
+    assert _count(server, "disconnect") == 1
+    assert _count(server, "idle_close") == 0
