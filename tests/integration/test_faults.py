@@ -11,19 +11,24 @@ proxy holds no connection once the client has gone. No timing is a pass/fail cri
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import signal
 import socket
 import struct
 import threading
 import time
+import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from dev.harness import free_port
-from dev.proxy_process import ProxyProcess
+from dev.harness import KafkaCluster, free_port, run_tool
+from dev.proxy_process import ProxyProcess, gateway_config
 from protocol import messages
 from protocol.api_keys import ApiKey
 from protocol.frames import SIZE, RequestHeader, encode_request_header, encode_response_header
@@ -202,7 +207,7 @@ def test_upstream_that_never_answers_times_out_on_the_clients_own_timeout(
     assert proxy.proc is not None
     baseline_fds = _fd_count(proxy.proc.pid)
 
-    errors: list[KafkaError] = []
+    errors: list[KafkaError | None] = []
     producer = Producer(
         {
             "bootstrap.servers": proxy.bootstrap,
@@ -214,7 +219,7 @@ def test_upstream_that_never_answers_times_out_on_the_clients_own_timeout(
     )
     producer.produce("t", b"into the void", on_delivery=lambda err, _msg: errors.append(err))
     assert producer.flush(60) == 0, "librdkafka never reported the message's fate"
-    assert [e.code() for e in errors] == [KafkaError._MSG_TIMED_OUT], f"librdkafka got {errors}"
+    assert [e and e.code() for e in errors] == [KafkaError._MSG_TIMED_OUT], f"librdkafka got {errors}"
     assert hole.of("hole-librdkafka"), "librdkafka's requests never reached the upstream"
     producer.close()
     del producer
@@ -282,3 +287,398 @@ def test_upstream_that_stops_reading_is_released_when_the_client_leaves(
     _assert_nothing_held(proxy, baseline_fds, "after the client left a hung upstream")
     (conn,) = hole.of("hole-raw")
     assert hole.drain(conn, 30), "the proxy's upstream connection never ended"
+
+
+# --- faults of a real cluster under load ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """A 3-node cluster of this module's own: its tests kill, pause and restart nodes (each test
+    leaves all three running)."""
+    with KafkaCluster(brokers=3, workdir=tmp_path_factory.mktemp("faults-kafka")) as kafka:
+        yield kafka
+
+
+def _direct_leaders(cluster: KafkaCluster, topic: str) -> dict[int, int]:
+    """partition -> leader node, asked of the brokers directly (not through the proxy)."""
+    from confluent_kafka.admin import AdminClient
+
+    running = ",".join(n.address for n in cluster.nodes if n.running)
+    md = AdminClient({"bootstrap.servers": running}).list_topics(topic, timeout=30)
+    return {p: meta.leader for p, meta in md.topics[topic].partitions.items()}
+
+
+def _wait_all_nodes_ready(cluster: KafkaCluster, timeout: float = 90) -> None:
+    cluster._wait_ready(cluster.nodes, {n.node_id for n in cluster.nodes}, time.monotonic() + timeout)
+
+
+class _ListHandler(logging.Handler):
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@dataclass
+class Load:
+    """An idempotent acks=all librdkafka producer and a consumer in a group, both through the proxy,
+    running in threads. Each value is a unique id; what was acked and consumed is recorded."""
+
+    bootstrap: str
+    topic: str
+    acked: dict[int, tuple[int, float]] = field(default_factory=dict)  # id -> (partition, when)
+    failed: list[str] = field(default_factory=list)
+    client_errors: list[str] = field(default_factory=list)
+    client_logs: list[str] = field(default_factory=list)  # librdkafka's log lines
+    consumed: list[int] = field(default_factory=list)
+    sent: int = 0
+    _stop_producing: threading.Event = field(default_factory=threading.Event)
+    _stop_consuming: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _crashes: list[BaseException] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.logger = logging.getLogger(f"faults.librdkafka.{self.topic}")
+        self.logger.propagate = False
+        self.logger.setLevel(logging.DEBUG)
+        self.logger.addHandler(_ListHandler(self.client_logs))
+
+    def __enter__(self) -> Load:
+        for target in (self._produce, self._consume):
+            thread = threading.Thread(target=self._guard, args=(target,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop_producing.set()
+        self._stop_consuming.set()
+        for thread in self._threads:
+            thread.join(60)
+
+    def _guard(self, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except BaseException as exc:  # surfaced by finish()
+            self._crashes.append(exc)
+
+    def _error(self, err: Any) -> None:
+        with self._lock:
+            self.client_errors.append(str(err))
+
+    def _produce(self) -> None:
+        from confluent_kafka import Producer
+
+        producer = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "client.id": "faults-producer",
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "request.timeout.ms": 10000,
+                "message.timeout.ms": 180000,  # spans any outage here: nothing is given up on
+                "socket.timeout.ms": 10000,  # a request to a hung broker times out after this
+                "error_cb": self._error,
+                "logger": self.logger,
+            }
+        )
+
+        def delivered(err: Any, msg: Any) -> None:
+            ident = int(msg.value())
+            if err is None:
+                self.acked[ident] = (msg.partition(), time.monotonic())
+            else:
+                self.failed.append(f"{ident}: {err}")
+
+        i = 0
+        while not self._stop_producing.is_set():
+            try:
+                producer.produce(self.topic, str(i).encode(), on_delivery=delivered)
+                i += 1
+                self.sent = i
+            except BufferError:
+                producer.poll(0.1)
+            producer.poll(0)
+            time.sleep(0.005)
+        remaining = producer.flush(240)
+        if remaining:
+            self.failed.append(f"{remaining} messages never delivered nor failed")
+
+    def _consume(self) -> None:
+        from confluent_kafka import Consumer
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "client.id": "faults-consumer",
+                "group.id": f"faults-{self.topic}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": True,
+                "auto.commit.interval.ms": 500,
+                "socket.timeout.ms": 10000,  # a request to a hung broker times out after this
+                "error_cb": self._error,
+                "logger": self.logger,
+            }
+        )
+        consumer.subscribe([self.topic])
+        try:
+            while not self._stop_consuming.is_set():
+                for msg in consumer.consume(num_messages=500, timeout=0.5):
+                    value = msg.value()
+                    if msg.error() is None and value:
+                        self.consumed.append(int(value))
+        finally:
+            consumer.close()
+
+    def run_for(self, seconds: float) -> None:
+        """Let the load run; fail early if a client thread died."""
+        time.sleep(seconds)
+        assert not self._crashes, f"a client thread died: {self._crashes!r}"
+
+    def acked_since(self, when: float, partitions: set[int] | None = None) -> int:
+        return sum(
+            1 for p, t in list(self.acked.values()) if t > when and (partitions is None or p in partitions)
+        )
+
+    def finish(self) -> None:
+        """Stop producing (delivering all in flight), then wait until the consumer has every acked id."""
+        self._stop_producing.set()
+        self._threads[0].join(300)
+        assert not self._threads[0].is_alive(), "the producer never finished flushing"
+        assert not self._crashes, f"a client thread died: {self._crashes!r}"
+        acked = set(self.acked)
+        _wait_for(
+            lambda: acked <= set(self.consumed),
+            120,
+            lambda: (
+                f"the consumer through the proxy never got {len(acked - set(self.consumed))} acked messages"
+            ),
+        )
+        self._stop_consuming.set()
+        self._threads[1].join(60)
+
+
+def _log_counts(bootstrap: str, topic: str) -> Counter[int]:
+    """Every id in the topic's log, read from the start of each partition through the proxy."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"verify-{uuid.uuid4().hex[:6]}"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions
+        }
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        counts: Counter[int] = Counter()
+        done: set[int] = {p for p, end in ends.items() if end == 0}
+        deadline = time.monotonic() + 120
+        while len(done) < len(ends):
+            assert time.monotonic() < deadline, (
+                f"reading {topic} back: partitions {set(ends) - done} unfinished"
+            )
+            for msg in consumer.consume(num_messages=1000, timeout=1.0):
+                partition, offset, value = msg.partition(), msg.offset(), msg.value()
+                if msg.error() is None and partition is not None and offset is not None and value:
+                    counts[int(value)] += 1
+                    if offset + 1 >= ends[partition]:
+                        done.add(partition)
+        return counts
+    finally:
+        consumer.close()
+
+
+def _assert_exactly_once(load: Load, proxy: ProxyProcess) -> None:
+    """Every acked id is in the log exactly once and was consumed; no id is in the log twice."""
+    counts = _log_counts(proxy.bootstrap, load.topic)
+    missing = sorted(set(load.acked) - set(counts))
+    duplicated = sorted(i for i, n in counts.items() if n > 1)
+    unconsumed = sorted(set(load.acked) - set(load.consumed))
+    print(
+        f"{load.topic}: {load.sent} sent, {len(load.acked)} acked, {len(load.failed)} failed, "
+        f"{len(counts)} in the log, {len(load.consumed)} consumed (with redeliveries); "
+        f"client errors seen: {sorted(set(load.client_errors))[:6]}; "
+        f"request timeouts logged: {sum('Timed out' in line for line in load.client_logs)}"
+    )
+    assert not missing, f"{len(missing)} acked messages are not in the log, e.g. {missing[:10]}"
+    assert not duplicated, f"{len(duplicated)} messages are in the log twice, e.g. {duplicated[:10]}"
+    assert not unconsumed, f"{len(unconsumed)} acked messages never consumed, e.g. {unconsumed[:10]}"
+    assert not load.failed, f"deliveries failed: {load.failed[:5]}"
+
+
+def _new_topic(cluster: KafkaCluster, prefix: str, partitions: int = 3) -> str:
+    topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    cluster.create_topic(topic, partitions=partitions, replication=3)
+    return topic
+
+
+@pytest.mark.timeout(240)
+def test_broker_killed_and_restarted_under_load(cluster: KafkaCluster, tmp_path: Path) -> None:
+    """SIGKILL the broker leading a partition while an idempotent producer and a group consumer
+    run through the proxy, then start it again: the clients carry on through the proxy, and
+    every acked message is in the log and consumed exactly once, including those produced
+    after the restart."""
+    topic = _new_topic(cluster, "kill")
+    victim = _direct_leaders(cluster, topic)[0]
+    with (
+        ProxyProcess(gateway_config(cluster), workdir=tmp_path) as proxy,
+        Load(proxy.bootstrap, topic) as load,
+    ):
+        load.run_for(3)
+        assert load.acked, f"nothing acked before the fault:\n{proxy.log_tail()}"
+        cluster.stop_node(victim, kill=True)
+        killed = time.monotonic()
+        load.run_for(3)
+        cluster.start_node(victim)
+        restarted = time.monotonic()
+        _wait_for(
+            lambda: load.acked_since(restarted) >= 100,
+            90,
+            lambda: f"only {load.acked_since(restarted)} acks after the restart:\n{proxy.log_tail()}",
+        )
+        assert load.acked_since(killed), "nothing acked while the broker was down"
+        load.finish()
+        _assert_exactly_once(load, proxy)
+        assert proxy.proc is not None and proxy.proc.poll() is None
+
+
+@pytest.mark.timeout(240)
+def test_leader_moves_and_clients_follow_through_the_proxy(cluster: KafkaCluster, tmp_path: Path) -> None:
+    """Reorder a partition's replicas with kafka-reassign-partitions and run a preferred leader
+    election with kafka-leader-election, under load: Metadata through the proxy names the new
+    leader at its proxy port, producing goes on to it, and nothing acked is lost."""
+    from confluent_kafka.admin import AdminClient
+
+    topic = _new_topic(cluster, "move", partitions=1)
+    old = _direct_leaders(cluster, topic)[0]
+    new = next(n.node_id for n in cluster.nodes if n.node_id != old)
+    with (
+        ProxyProcess(gateway_config(cluster), workdir=tmp_path) as proxy,
+        Load(proxy.bootstrap, topic) as load,
+    ):
+        load.run_for(3)
+        plan = tmp_path / "reassign.json"
+        replicas = [new] + [n.node_id for n in cluster.nodes if n.node_id != new]
+        plan.write_text(
+            f'{{"version":1,"partitions":[{{"topic":"{topic}","partition":0,"replicas":{replicas}}}]}}'
+        )
+        for main_class, *args in (
+            (
+                "org.apache.kafka.tools.reassign.ReassignPartitionsCommand",
+                "--reassignment-json-file",
+                str(plan),
+                "--execute",
+            ),
+            (
+                "org.apache.kafka.tools.reassign.ReassignPartitionsCommand",
+                "--reassignment-json-file",
+                str(plan),
+                "--verify",
+            ),
+            (
+                "org.apache.kafka.tools.LeaderElectionCommand",
+                "--election-type",
+                "PREFERRED",
+                "--topic",
+                topic,
+                "--partition",
+                "0",
+            ),
+        ):
+            done = run_tool(main_class, "--bootstrap-server", cluster.bootstrap_servers, *args)
+            assert done.returncode == 0, f"{main_class} {args} failed:\n{done.stdout}\n{done.stderr}"
+        moved = time.monotonic()
+        assert _direct_leaders(cluster, topic)[0] == new, "the brokers did not move the leader"
+        md = AdminClient({"bootstrap.servers": proxy.bootstrap}).list_topics(topic, timeout=30)
+        leader = md.topics[topic].partitions[0].leader
+        assert leader == new, f"Metadata through the proxy names leader {leader}, the brokers {new}"
+        proxy_ports = {f"broker-{n.node_id}": n.node_id for n in cluster.nodes}
+        named = {(str(b.host), b.port) for b in md.brokers.values()}
+        assert named == {("127.0.0.1", proxy.ports[name]) for name in proxy_ports}, (
+            f"Metadata through the proxy names {named}, not the proxy's broker ports"
+        )
+        assert md.brokers[new].port == proxy.ports[f"broker-{new}"]
+        _wait_for(
+            lambda: load.acked_since(moved) >= 100,
+            90,
+            lambda: f"only {load.acked_since(moved)} acks after the move:\n{proxy.log_tail()}",
+        )
+        load.finish()
+        _assert_exactly_once(load, proxy)
+        assert proxy.metric("kthrottle_connections_total", {"listener": f"broker-{new}"}) >= 1
+
+
+@pytest.mark.timeout(240)
+def test_proxy_killed_and_restarted_under_load(cluster: KafkaCluster, tmp_path: Path) -> None:
+    """SIGKILL the proxy under load and start a new one on the same ports: the clients reconnect
+    by themselves, and every acked message is in the log and consumed exactly once."""
+    topic = _new_topic(cluster, "restart")
+    proxy = ProxyProcess(gateway_config(cluster), workdir=tmp_path).start()
+    try:
+        with Load(proxy.bootstrap, topic) as load:
+            load.run_for(3)
+            assert load.acked, f"nothing acked before the fault:\n{proxy.log_tail()}"
+            assert proxy.proc is not None
+            proxy.proc.kill()
+            proxy.proc.wait(30)
+            load.run_for(2)
+            proxy.start()  # the same config, so the same ports
+            restarted = time.monotonic()
+            _wait_for(
+                lambda: load.acked_since(restarted) >= 100,
+                90,
+                lambda: f"only {load.acked_since(restarted)} acks after the restart:\n{proxy.log_tail()}",
+            )
+            load.finish()
+            _assert_exactly_once(load, proxy)
+    finally:
+        proxy.stop()
+
+
+@pytest.mark.timeout(240)
+def test_broker_paused_under_load(cluster: KafkaCluster, tmp_path: Path) -> None:
+    """SIGSTOP the broker leading a partition (to the proxy and the cluster, a cut network: the
+    connections stay open and nothing answers): the controller fences it and moves the
+    leadership, the producer's requests to it time out and are retried on the new leader through
+    the proxy; after SIGCONT the broker rejoins, and nothing acked is lost or doubled."""
+
+    topic = _new_topic(cluster, "pause")
+    leaders = _direct_leaders(cluster, topic)
+    victim = leaders[0]
+    led = {p for p, node in leaders.items() if node == victim}
+    node = cluster.node(victim)
+    with (
+        ProxyProcess(gateway_config(cluster), workdir=tmp_path) as proxy,
+        Load(proxy.bootstrap, topic) as load,
+    ):
+        load.run_for(3)
+        assert load.acked, f"nothing acked before the fault:\n{proxy.log_tail()}"
+        cluster._signal(node, signal.SIGSTOP)
+        try:
+            paused = time.monotonic()
+            # Held until the partitions it led take writes again: leadership moved, and the
+            # producer found the new leader through the proxy while the old one hangs.
+            _wait_for(
+                lambda: load.acked_since(paused, led) >= 20,
+                120,
+                lambda: f"partitions {led} of the paused broker took no writes:\n{proxy.log_tail()}",
+            )
+        finally:
+            cluster._signal(node, signal.SIGCONT)
+        resumed = time.monotonic()
+        timeouts = [line for line in load.client_logs if "Timed out" in line]
+        assert timeouts, "no client request to the paused broker timed out: " + "\n".join(
+            load.client_logs[-20:]
+        )
+        _wait_all_nodes_ready(cluster)
+        _wait_for(
+            lambda: load.acked_since(resumed) >= 100,
+            90,
+            lambda: f"only {load.acked_since(resumed)} acks after SIGCONT:\n{proxy.log_tail()}",
+        )
+        load.finish()
+        _assert_exactly_once(load, proxy)

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 import pytest
 
@@ -37,7 +38,7 @@ class HungUpstream:
         if struct.unpack_from(">h", frames[0], 0)[0] == 3:  # the proxy's own broker discovery
             writer.close()
             return
-        transport = writer.transport
+        transport = cast(asyncio.Transport, writer.transport)
         transport.pause_reading()
         sock = transport.get_extra_info("socket")
         with contextlib.suppress(OSError):
@@ -47,7 +48,7 @@ class HungUpstream:
     @staticmethod
     async def ended(writer: asyncio.StreamWriter) -> bool:
         """Read the connection to its end now: True when the proxy closed or reset it."""
-        writer.transport.resume_reading()
+        cast(asyncio.Transport, writer.transport).resume_reading()
         reader: asyncio.StreamReader = writer._protocol._stream_reader  # type: ignore[attr-defined]
         try:
             while await asyncio.wait_for(reader.read(1 << 20), 5):
