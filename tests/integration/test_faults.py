@@ -510,20 +510,25 @@ def _assert_exactly_once(load: Load, proxy: ProxyProcess) -> None:
     assert not load.failed, f"deliveries failed: {load.failed[:5]}"
 
 
-def _new_topic(cluster: KafkaCluster, prefix: str, partitions: int = 3) -> str:
+def _new_topic(cluster: KafkaCluster, prefix: str, partitions: int = 3, replication: int = 3) -> str:
     topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    cluster.create_topic(topic, partitions=partitions, replication=3)
+    cluster.create_topic(topic, partitions=partitions, replication=replication)
     return topic
 
 
 @pytest.mark.timeout(240)
 def test_broker_killed_and_restarted_under_load(cluster: KafkaCluster, tmp_path: Path) -> None:
-    """SIGKILL the broker leading a partition while an idempotent producer and a group consumer
-    run through the proxy, then start it again: the clients carry on through the proxy, and
-    every acked message is in the log and consumed exactly once, including those produced
-    after the restart."""
-    topic = _new_topic(cluster, "kill")
-    victim = _direct_leaders(cluster, topic)[0]
+    """SIGKILL a broker while an idempotent acks=all producer and a group consumer run through
+    the proxy, then start it again. The topic has one replica per partition, so the partition on
+    that broker has nowhere else to go: its messages wait in the producer (the proxy refuses
+    connections for the dead broker's port, the client retries) while the other partitions go
+    on, and are delivered once the broker is back, through the proxy. Every acked message is in
+    the log and consumed exactly once, none failed, and those produced after the restart too."""
+    topic = _new_topic(cluster, "kill", partitions=3, replication=1)
+    leaders = _direct_leaders(cluster, topic)
+    victim = leaders[0]
+    led = {p for p, node in leaders.items() if node == victim}
+    others = set(leaders) - led
     with (
         ProxyProcess(gateway_config(cluster), workdir=tmp_path) as proxy,
         Load(proxy.bootstrap, topic) as load,
@@ -536,11 +541,15 @@ def test_broker_killed_and_restarted_under_load(cluster: KafkaCluster, tmp_path:
         cluster.start_node(victim)
         restarted = time.monotonic()
         _wait_for(
-            lambda: load.acked_since(restarted) >= 100,
+            lambda: load.acked_since(restarted, led) >= 50 and load.acked_since(restarted) >= 100,
             90,
-            lambda: f"only {load.acked_since(restarted)} acks after the restart:\n{proxy.log_tail()}",
+            lambda: (
+                f"{load.acked_since(restarted, led)} acks on the restarted broker's partitions {led}, "
+                f"{load.acked_since(restarted)} in all, after the restart:\n{proxy.log_tail()}"
+            ),
         )
-        assert load.acked_since(killed), "nothing acked while the broker was down"
+        if others:
+            assert load.acked_since(killed, others), "the other brokers' partitions stalled too"
         load.finish()
         _assert_exactly_once(load, proxy)
         assert proxy.proc is not None and proxy.proc.poll() is None
