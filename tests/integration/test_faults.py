@@ -300,13 +300,30 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
         yield kafka
 
 
-def _direct_leaders(cluster: KafkaCluster, topic: str) -> dict[int, int]:
-    """partition -> leader node, asked of the brokers directly (not through the proxy)."""
+def _leaders(bootstrap: str, topic: str) -> tuple[dict[int, int], Any]:
+    """partition -> leader node (-1 while there is none), and the whole Metadata answer."""
     from confluent_kafka.admin import AdminClient
 
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=30)
+    partitions = md.topics[topic].partitions if topic in md.topics else {}
+    return {p: meta.leader for p, meta in partitions.items()}, md
+
+
+def _direct_leaders(
+    cluster: KafkaCluster, topic: str, want: Callable[[dict[int, int]], bool] | None = None
+) -> dict[int, int]:
+    """partition -> leader node, asked of the brokers directly (not through the proxy), once
+    every partition has a leader (and ``want`` holds); a new topic's leaders take a moment."""
     running = ",".join(n.address for n in cluster.nodes if n.running)
-    md = AdminClient({"bootstrap.servers": running}).list_topics(topic, timeout=30)
-    return {p: meta.leader for p, meta in md.topics[topic].partitions.items()}
+    seen: dict[int, int] = {}
+
+    def settled() -> bool:
+        nonlocal seen
+        seen = _leaders(running, topic)[0]
+        return bool(seen) and all(leader >= 0 for leader in seen.values()) and (want is None or want(seen))
+
+    _wait_for(settled, 60, lambda: f"leaders of {topic}: {seen}")
+    return seen
 
 
 def _wait_all_nodes_ready(cluster: KafkaCluster, timeout: float = 90) -> None:
@@ -560,8 +577,6 @@ def test_leader_moves_and_clients_follow_through_the_proxy(cluster: KafkaCluster
     """Reorder a partition's replicas with kafka-reassign-partitions and run a preferred leader
     election with kafka-leader-election, under load: Metadata through the proxy names the new
     leader at its proxy port, producing goes on to it, and nothing acked is lost."""
-    from confluent_kafka.admin import AdminClient
-
     topic = _new_topic(cluster, "move", partitions=1)
     old = _direct_leaders(cluster, topic)[0]
     new = next(n.node_id for n in cluster.nodes if n.node_id != old)
@@ -601,10 +616,20 @@ def test_leader_moves_and_clients_follow_through_the_proxy(cluster: KafkaCluster
             done = run_tool(main_class, "--bootstrap-server", cluster.bootstrap_servers, *args)
             assert done.returncode == 0, f"{main_class} {args} failed:\n{done.stdout}\n{done.stderr}"
         moved = time.monotonic()
-        assert _direct_leaders(cluster, topic)[0] == new, "the brokers did not move the leader"
-        md = AdminClient({"bootstrap.servers": proxy.bootstrap}).list_topics(topic, timeout=30)
-        leader = md.topics[topic].partitions[0].leader
-        assert leader == new, f"Metadata through the proxy names leader {leader}, the brokers {new}"
+        _direct_leaders(cluster, topic, lambda leaders: leaders[0] == new)
+        through_proxy: list[Any] = []
+
+        def proxy_names_new_leader() -> bool:
+            leaders, md = _leaders(proxy.bootstrap, topic)
+            through_proxy[:] = [leaders, md]
+            return leaders.get(0) == new
+
+        _wait_for(
+            proxy_names_new_leader,
+            30,
+            lambda: f"Metadata through the proxy names leaders {through_proxy[:1]}, the brokers {new}",
+        )
+        md = through_proxy[1]
         proxy_ports = {f"broker-{n.node_id}": n.node_id for n in cluster.nodes}
         named = {(str(b.host), b.port) for b in md.brokers.values()}
         assert named == {("127.0.0.1", proxy.ports[name]) for name in proxy_ports}, (
