@@ -176,7 +176,8 @@ def black_hole_proxy(
         hole.close()
 
 
-def _assert_nothing_held(proxy: ProxyProcess, baseline_fds: int, what: str) -> None:
+def _assert_nothing_held(proxy: ProxyProcess, baseline_fds: int | None, what: str) -> None:
+    """The connection gauge back to 0 and (given a baseline) the proxy's fds back to it."""
     assert proxy.proc is not None
     pid = proxy.proc.pid
     _wait_for(
@@ -185,7 +186,7 @@ def _assert_nothing_held(proxy: ProxyProcess, baseline_fds: int, what: str) -> N
         lambda: f"{what}: connection gauge stays at {proxy.metric('kthrottle_connections_active')}",
     )
     _wait_for(
-        lambda: _fd_count(pid) <= baseline_fds,
+        lambda: baseline_fds is None or _fd_count(pid) <= baseline_fds,
         30,
         lambda: f"{what}: proxy holds {_fd_count(pid)} fds, {baseline_fds} before the client came",
     )
@@ -527,6 +528,18 @@ def _assert_exactly_once(load: Load, proxy: ProxyProcess) -> None:
     assert not load.failed, f"deliveries failed: {load.failed[:5]}"
 
 
+@contextlib.contextmanager
+def _proxied_load(cluster: KafkaCluster, topic: str, workdir: Path) -> Iterator[tuple[ProxyProcess, Load]]:
+    """A gateway proxy in front of the cluster with a Load through it; once the clients have
+    closed, the proxy must hold none of their connections (gauge and fds back to the start)."""
+    with ProxyProcess(gateway_config(cluster), workdir=workdir) as proxy:
+        assert proxy.proc is not None
+        baseline_fds = _fd_count(proxy.proc.pid)
+        with Load(proxy.bootstrap, topic) as load:
+            yield proxy, load
+        _assert_nothing_held(proxy, baseline_fds, "after the clients left")
+
+
 def _new_topic(cluster: KafkaCluster, prefix: str, partitions: int = 3, replication: int = 3) -> str:
     topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
     cluster.create_topic(topic, partitions=partitions, replication=replication)
@@ -546,10 +559,7 @@ def test_broker_killed_and_restarted_under_load(cluster: KafkaCluster, tmp_path:
     victim = leaders[0]
     led = {p for p, node in leaders.items() if node == victim}
     others = set(leaders) - led
-    with (
-        ProxyProcess(gateway_config(cluster), workdir=tmp_path) as proxy,
-        Load(proxy.bootstrap, topic) as load,
-    ):
+    with _proxied_load(cluster, topic, tmp_path) as (proxy, load):
         load.run_for(3)
         assert load.acked, f"nothing acked before the fault:\n{proxy.log_tail()}"
         cluster.stop_node(victim, kill=True)
@@ -580,10 +590,7 @@ def test_leader_moves_and_clients_follow_through_the_proxy(cluster: KafkaCluster
     topic = _new_topic(cluster, "move", partitions=1)
     old = _direct_leaders(cluster, topic)[0]
     new = next(n.node_id for n in cluster.nodes if n.node_id != old)
-    with (
-        ProxyProcess(gateway_config(cluster), workdir=tmp_path) as proxy,
-        Load(proxy.bootstrap, topic) as load,
-    ):
+    with _proxied_load(cluster, topic, tmp_path) as (proxy, load):
         load.run_for(3)
         plan = tmp_path / "reassign.json"
         replicas = [new] + [n.node_id for n in cluster.nodes if n.node_id != new]
@@ -669,6 +676,7 @@ def test_proxy_killed_and_restarted_under_load(cluster: KafkaCluster, tmp_path: 
             )
             load.finish()
             _assert_exactly_once(load, proxy)
+        _assert_nothing_held(proxy, None, "after the clients left the restarted proxy")
     finally:
         proxy.stop()
 
@@ -685,10 +693,7 @@ def test_broker_paused_under_load(cluster: KafkaCluster, tmp_path: Path) -> None
     victim = leaders[0]
     led = {p for p, node in leaders.items() if node == victim}
     node = cluster.node(victim)
-    with (
-        ProxyProcess(gateway_config(cluster), workdir=tmp_path) as proxy,
-        Load(proxy.bootstrap, topic) as load,
-    ):
+    with _proxied_load(cluster, topic, tmp_path) as (proxy, load):
         load.run_for(3)
         assert load.acked, f"nothing acked before the fault:\n{proxy.log_tail()}"
         cluster._signal(node, signal.SIGSTOP)
