@@ -124,3 +124,31 @@ def test_client_leaving_a_hung_upstream_releases_both_sockets(hung: Setup) -> No
     assert not hung.server.pipelines, "the pipeline outlived its client"
     (writer,) = hung.upstream.writers
     assert asyncio.run_coroutine_threadsafe(HungUpstream.ended(writer), hung.loop).result(15)
+
+
+@pytest.mark.parametrize("reset", [False, True])
+def test_peer_has_closed_sees_a_fin_or_reset_while_reads_are_paused(reset: bool) -> None:
+    async def run() -> tuple[bool, bool]:
+        accepted: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
+
+        async def on_client(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            cast(asyncio.Transport, writer.transport).pause_reading()
+            await accepted.put(writer)
+
+        server = await asyncio.start_server(on_client, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        client.sendall(b"unread bytes")
+        writer = await asyncio.wait_for(accepted.get(), 10)
+        before = proxy.pipeline.peer_has_closed(writer.transport)
+        if reset:
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()
+        deadline = time.monotonic() + 10
+        while not (after := proxy.pipeline.peer_has_closed(writer.transport)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        writer.close()
+        server.close()
+        return before, after
+
+    assert asyncio.run(run()) == (False, True)
