@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import socket
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -71,6 +72,16 @@ _ids = itertools.count(1)
 WRITE_BUFFER_HIGH = 4 * 1024 * 1024
 WRITE_BUFFER_LOW = 1024 * 1024
 
+# While a client's reads are paused the event loop cannot see it leave (EOF is only read with the
+# data); its socket's TCP state is looked at this often instead, so a client that gave up on a hung
+# upstream does not pin its pipeline and both sockets forever.
+PAUSED_PEER_CHECK_SECONDS = 1.0
+# A closed side's unsent bytes get this long to drain (a peer that reads nothing never takes
+# them, and its socket would stay open for good); then the connection is reset.
+CLOSE_FLUSH_SECONDS = 5.0
+_TCP_INFO = getattr(socket, "TCP_INFO", None)  # Linux
+_PEER_GONE_STATES = frozenset({7, 8, 9})  # TCP_CLOSE (reset), TCP_CLOSE_WAIT (FIN), TCP_LAST_ACK
+
 _THROTTLE = "throttle"  # muted for a throttle time
 _THROTTLE_PENDING = "throttle-pending"  # a throttled request's response has not gone out yet
 _ADMISSION = "admission"  # a mutation request is being priced: later requests wait behind it
@@ -111,6 +122,26 @@ class InFlight:
     busy: float = 0.0  # seconds the broker spent on it, as far as the proxy can tell
     capture: CaptureDraft | None = None  # what the capture record needs, while capture is on
     quota_alter: QuotaAlterBoth | None = None  # quota_api.mode both: the proxy's part of an alter
+
+
+def peer_has_closed(transport: asyncio.BaseTransport) -> bool:
+    """True when the peer of a TCP transport has sent its FIN or a reset, read or not (Linux's
+    TCP_INFO; False where the state cannot be read)."""
+    sock = transport.get_extra_info("socket")
+    if _TCP_INFO is None or sock is None:
+        return False
+    try:
+        state = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 8)[0]
+    except (OSError, ValueError, TypeError):
+        return False
+    return state in _PEER_GONE_STATES
+
+
+def close_bounded(transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    """Close a transport, flushing what it still buffers for at most CLOSE_FLUSH_SECONDS."""
+    transport.close()
+    if transport.get_write_buffer_size():
+        loop.call_later(CLOSE_FLUSH_SECONDS, transport.abort)
 
 
 class _ClientProtocol(asyncio.BufferedProtocol):
@@ -194,6 +225,7 @@ class Pipeline:
         self.sasl = SaslTracker()
         self._mute_until = 0.0
         self._mute_handle: asyncio.TimerHandle | None = None
+        self._watch_handle: asyncio.TimerHandle | None = None  # looks for the client leaving while paused
         self._pending_throttles = 0  # throttled produce requests whose response is still to come
         # A parked produce of this connection waited max_park_ms in vain: while PAUSE lasts, the
         # produce requests read after it are answered at once (each waiting a full park in turn
@@ -296,13 +328,15 @@ class Pipeline:
         self.closed = True
         if reason:
             log.log(level, "conn %d from %s on %s closed: %s", self.id, self.peer, self.listener.name, reason)
-        self.client.close()
+        close_bounded(self.client, self.loop)
         if self.upstream is not None:
-            self.upstream.close()
+            close_bounded(self.upstream, self.loop)
         if self._connect_task is not None and not self._connect_task.done():
             self._connect_task.cancel()
         if self._mute_handle is not None:
             self._mute_handle.cancel()
+        if self._watch_handle is not None:
+            self._watch_handle.cancel()
         for task in self._tasks:
             task.cancel()
         self.server.pipeline_closed(self)
@@ -344,7 +378,20 @@ class Pipeline:
     def pause_client(self, reason: str) -> None:
         if not self._client_pauses and not self.closed:
             self.client.pause_reading()
+            if self._watch_handle is None:
+                self._watch_handle = self.loop.call_later(PAUSED_PEER_CHECK_SECONDS, self._watch_client)
         self._client_pauses.add(reason)
+
+    def _watch_client(self) -> None:
+        """While reads are paused, close the connection once the client has left."""
+        self._watch_handle = None
+        if self.closed or not self._client_pauses:
+            return
+        if peer_has_closed(self.client):
+            paused = ", ".join(sorted(self._client_pauses))
+            self.close(f"client left while its reads were paused ({paused})", level=logging.INFO)
+            return
+        self._watch_handle = self.loop.call_later(PAUSED_PEER_CHECK_SECONDS, self._watch_client)
 
     def resume_client(self, reason: str) -> None:
         self._client_pauses.discard(reason)
