@@ -356,6 +356,11 @@ class ProxyConfig(Strict):
     sidecar: SidecarConfig | None = None
     max_frame_bytes: int = Field(DEFAULT_MAX_FRAME_BYTES, ge=1024, le=2**31 - 1)
     connect_timeout_seconds: float = Field(10.0, gt=0, le=300)
+    # A request frame still incomplete this long after its first byte closes the connection (a
+    # slowloris). Real clients write a frame at once, and their own request.timeout.ms (30 s by
+    # default, sending included) gives up first. Time spent muted by a throttle does not count.
+    # null: no deadline (the broker's connections.max.idle.ms still closes a silent one).
+    client_frame_timeout_seconds: float | None = Field(60.0, gt=0, le=3600)
     drain_seconds: float = Field(10.0, ge=0, le=600)
     metadata_refresh_seconds: float = Field(30.0, gt=0, le=3600)
     admin: AdminConfig = Field(default_factory=AdminConfig)

@@ -232,6 +232,9 @@ class Pipeline:
         # would take them past the client's request timeout).
         self._park_timed_out = False
         self._last_response_at = 0.0
+        # Loop time the current incomplete request frame began arriving (reading time only: a
+        # pause restarts it), or None between frames: the slowloris deadline.
+        self.frame_started: float | None = None
         self.held: deque[bytearray] = deque()  # requests read while the connection was muted
         self._tasks: set[asyncio.Task[None]] = set()
         self.loop = asyncio.get_running_loop()
@@ -397,6 +400,18 @@ class Pipeline:
         self._client_pauses.discard(reason)
         if not self._client_pauses and not self.closed:
             self.client.resume_reading()
+            if self.frame_started is not None:
+                self.frame_started = self.loop.time()  # the pause was ours, not the client's
+
+    def frame_overdue(self, now: float, timeout: float) -> bool:
+        """True when a request frame has been arriving for longer than ``timeout`` seconds of
+        reading time (paused connections are never overdue: we are the ones not reading)."""
+        return (
+            self.frame_started is not None
+            and not self._client_pauses
+            and not self.closed
+            and now - self.frame_started > timeout
+        )
 
     def pause_upstream(self, reason: str) -> None:
         if not self._upstream_pauses and self.upstream is not None and not self.closed:
@@ -419,6 +434,10 @@ class Pipeline:
         except FrameError as exc:
             self.reject(str(exc), "oversize" if isinstance(exc, FrameTooLarge) else "bad-size")
             return
+        if not self.requests.mid_frame:
+            self.frame_started = None
+        elif self.frame_started is None or frames:
+            self.frame_started = self.loop.time()  # a new frame began in these bytes
         for frame in frames:
             if self.closed:
                 return

@@ -77,6 +77,7 @@ class ProxyServer:
         self.upstream_ready = False
         self._refresh_task: asyncio.Task[None] | None = None
         self._expiry_task: asyncio.Task[None] | None = None
+        self._frame_deadline_task: asyncio.Task[None] | None = None
         self._opening: dict[int, asyncio.Task[None]] = {}
 
     def _capture_writer(self, cfg: ProxyConfig) -> CaptureWriter:
@@ -107,6 +108,10 @@ class ProxyServer:
             await self._refresh_brokers(required=False)
         self._refresh_task = asyncio.get_running_loop().create_task(self._refresh_loop())
         self._expiry_task = asyncio.get_running_loop().create_task(self._expiry_loop())
+        if cfg.client_frame_timeout_seconds is not None:
+            self._frame_deadline_task = asyncio.get_running_loop().create_task(
+                self._frame_deadline_loop(cfg.client_frame_timeout_seconds)
+            )
         if self.volume is not None:
             self.volume.start()
         if self.cluster_quotas is not None:
@@ -199,6 +204,24 @@ class ProxyServer:
             except Exception:  # never let the sweep die: memory would grow unbounded
                 log.exception("quota state expiry failed")
 
+    async def _frame_deadline_loop(self, timeout: float) -> None:
+        """Close connections whose request frame has been arriving for longer than ``timeout``
+        (a slowloris holds a connection and its upstream with a byte now and then). One sweep
+        over all connections, a few times per timeout: cheaper than a timer per frame."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(EXPIRY_SWEEP_SECONDS, timeout / 4))
+            now = loop.time()
+            try:
+                for pipeline in [p for p in self.pipelines if p.frame_overdue(now, timeout)]:
+                    pipeline.reject(
+                        f"request frame incomplete after {timeout:g} s ({pipeline.requests.buffered} "
+                        "bytes so far; client_frame_timeout_seconds)",
+                        "frame-timeout",
+                    )
+            except Exception:  # never let the sweep die: slow clients would hold connections for good
+                log.exception("frame deadline sweep failed")
+
     async def _refresh_loop(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.metadata_refresh_seconds if self.upstream_ready else 1.0)
@@ -221,7 +244,7 @@ class ProxyServer:
             await asyncio.sleep(0.05)
         for pipeline in list(self.pipelines):
             pipeline.close(f"drain grace of {grace}s over with {len(pipeline.in_flight)} requests in flight")
-        for task in (self._refresh_task, self._expiry_task):
+        for task in (self._refresh_task, self._expiry_task, self._frame_deadline_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -1,0 +1,98 @@
+"""A slowloris (a request frame trickling in a byte at a time) is closed once its frame has been
+arriving for client_frame_timeout_seconds, counted as a rejected frame; a connection idle between
+frames, and a frame the proxy itself stopped reading (a throttle mute), are left alone."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import pytest
+
+from dev.harness import free_port
+from proxy.config import parse_config
+from proxy.pipeline import Pipeline
+from proxy.server import ProxyServer
+from tests.unit.conftest import StubUpstream, recv_exactly
+
+TIMEOUT = 0.4
+
+
+def _list_offsets_request(correlation_id: int) -> bytes:
+    payload = struct.pack(">hhih", 2, 5, correlation_id, 2) + b"fd" + b"\x00" * 16
+    return struct.pack(">i", len(payload)) + payload
+
+
+@pytest.fixture
+def proxy() -> Iterator[tuple[int, ProxyServer]]:
+    loop = asyncio.new_event_loop()
+    stub = StubUpstream()
+    upstream_port, proxy_port = free_port(), free_port()
+    cfg = parse_config(
+        f"mode: sidecar\nsidecar: {{listen_port: {proxy_port}, upstream: '127.0.0.1:{upstream_port}'}}\n"
+        "admin: {enabled: false}\nmetadata_refresh_seconds: 3600\nquota_api: {mode: forward}\n"
+        f"client_frame_timeout_seconds: {TIMEOUT}\n"
+    )
+    server = ProxyServer(cfg)
+
+    async def start() -> None:
+        await asyncio.start_server(stub.handle, "127.0.0.1", upstream_port)
+        await server.start()
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+    yield proxy_port, server
+    asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+def _timeouts(server: ProxyServer) -> float:
+    return server.metrics.rejected_frames.labels("frame-timeout")._value.get()  # type: ignore[attr-defined,no-any-return]
+
+
+@pytest.mark.timeout(30)
+def test_a_trickling_frame_is_closed_and_counted(proxy: tuple[int, ProxyServer]) -> None:
+    port, server = proxy
+    frame = _list_offsets_request(1)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        closed = False
+        for byte in frame:  # a byte every 50 ms: the frame would take 0.7 s in all
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                closed = True
+                break
+            time.sleep(0.05)
+        if not closed:
+            sock.settimeout(10)
+            assert sock.recv(100) == b"", "the slowloris got an answer"
+    assert _timeouts(server) == 1
+
+
+@pytest.mark.timeout(30)
+def test_idle_between_frames_and_whole_frames_are_left_alone(proxy: tuple[int, ProxyServer]) -> None:
+    port, server = proxy
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        for correlation_id in range(3):
+            sock.sendall(_list_offsets_request(correlation_id))
+            (size,) = struct.unpack(">i", recv_exactly(sock, 4))
+            assert struct.unpack(">i", recv_exactly(sock, size)[:4])[0] == correlation_id
+            time.sleep(3 * TIMEOUT)  # idle between frames: no deadline runs
+    assert _timeouts(server) == 0
+
+
+def test_a_frame_the_proxy_stopped_reading_is_never_overdue() -> None:
+    muted = SimpleNamespace(frame_started=0.0, _client_pauses={"throttle"}, closed=False)
+    reading = SimpleNamespace(frame_started=0.0, _client_pauses=set(), closed=False)
+    between = SimpleNamespace(frame_started=None, _client_pauses=set(), closed=False)
+    assert not Pipeline.frame_overdue(muted, 100.0, TIMEOUT)  # type: ignore[arg-type]
+    assert Pipeline.frame_overdue(reading, 100.0, TIMEOUT)  # type: ignore[arg-type]
+    assert not Pipeline.frame_overdue(reading, TIMEOUT / 2, TIMEOUT)  # type: ignore[arg-type]
+    assert not Pipeline.frame_overdue(between, 100.0, TIMEOUT)  # type: ignore[arg-type]
