@@ -25,6 +25,22 @@ def _install_uvloop() -> str:
     return "uvloop"
 
 
+def _raise_open_files_limit() -> int:
+    """Every client connection costs two descriptors (it and its upstream): raise the soft limit
+    to the hard one, as brokers are run with a high nofile. Returns the limit now in force."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
 async def serve(cfg: ProxyConfig, ready_file: Path | None = None, config_path: Path | None = None) -> None:
     """Run until SIGTERM/SIGINT, then drain and return."""
     from proxy.admin import start_admin
@@ -211,7 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.upstream_sasl is not None and cfg.upstream_sasl.password is not None:
         secrets.register(cfg.upstream_sasl.password)
     loop_kind = _install_uvloop()
-    log.info("kthrottle starting (%s mode, %s)", cfg.mode, loop_kind)
+    open_files = _raise_open_files_limit()
+    log.info(
+        "kthrottle starting (%s mode, %s, up to %d open files: about %d client connections)",
+        cfg.mode,
+        loop_kind,
+        open_files,
+        open_files // 2,
+    )
     from proxy.tls import TlsConfigError
 
     try:
