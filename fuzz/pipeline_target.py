@@ -295,9 +295,7 @@ def _listener(server: ProxyServer) -> Any:
 
 
 def _decoder_bytes(decoder: FrameDecoder) -> int:
-    big = decoder._big
-    scratch = decoder._scratch
-    return (len(big) if big is not None else 0) + (len(scratch) if scratch is not None else 0)
+    return decoder.allocated
 
 
 def _total(counter: Any) -> float:

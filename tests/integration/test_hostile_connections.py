@@ -64,17 +64,25 @@ def _active(proxy: ProxyProcess) -> float:
 
 @pytest.mark.timeout(180)
 def test_slowloris_is_closed_and_others_go_on(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
-    """Twenty sockets trickle a request a byte a second, twenty more send a size prefix and
-    stall: with client_frame_timeout_seconds 3 the proxy closes all forty, counts and logs
-    each, and a real client produces and consumes through the same port meanwhile."""
+    """Twenty sockets trickle a request a byte a second, twenty more send a size prefix
+    claiming 100 MiB and a header, and stall: the stalled ones cost the proxy what they sent,
+    not what they claimed (2 GB), and with client_frame_timeout_seconds 3 the proxy closes all
+    forty, counts and logs each, while a real client produces and consumes through the same
+    port."""
     cfg = gateway_config(kafka_broker, client_frame_timeout_seconds=3)
     with ProxyProcess(cfg, workdir=tmp_path) as proxy:
+        assert proxy.proc is not None
         host, port = proxy.bootstrap.split(":")
         frame = _api_versions_request(1)
+        rss_before = _rss(proxy.proc.pid)
         trickling = [socket.create_connection((host, int(port)), timeout=30) for _ in range(20)]
         stalled = [socket.create_connection((host, int(port)), timeout=30) for _ in range(20)]
         for sock in stalled:
-            sock.sendall(frame[:4])
+            sock.sendall(struct.pack(">i", 100 * MiB) + frame[4:])
+        time.sleep(0.5)
+        claimed = _rss(proxy.proc.pid) - rss_before
+        print(f"20 frames claiming 100 MiB each: proxy RSS grew {claimed / MiB:.1f} MiB")
+        assert claimed < 64 * MiB
         closed_by_proxy: set[int] = set()
         stop = threading.Event()
 

@@ -22,8 +22,8 @@ sizes = st.one_of(st.integers(0, 300), st.integers(1000, 5000))
 )
 def test_frames_survive_any_split(payloads: list[bytes], cuts: list[int], buffered: bool) -> None:
     stream = b"".join(struct.pack(">i", len(p)) + p for p in payloads)
-    # Small scratch and threshold so that large-frame mode and compaction are exercised.
-    dec = FrameDecoder(scratch_bytes=2048, big_frame_bytes=512)
+    # Small scratch, threshold and first buffer: large-frame mode, growth and compaction all run.
+    dec = FrameDecoder(scratch_bytes=2048, big_frame_bytes=512, big_initial_bytes=600)  # and growth
     got: list[bytes] = []
     pos = 0
     i = 0
@@ -41,3 +41,31 @@ def test_frames_survive_any_split(payloads: list[bytes], cuts: list[int], buffer
         pos += n
     assert got == payloads
     assert not dec.mid_frame
+
+
+def test_a_size_prefix_alone_costs_no_more_than_the_first_buffer() -> None:
+    """Four bytes claiming 100 MiB must not make the proxy hold 100 MiB (a slowloris would
+    multiply it by its connections): the buffer follows the bytes that arrived."""
+    dec = FrameDecoder()
+    assert dec.feed(struct.pack(">i", 100 * 1024 * 1024) + b"x" * 100) == []
+    assert dec.mid_frame and dec.buffered == 100
+    assert dec.allocated <= 64 * 1024
+    dec.feed(b"y" * (1024 * 1024))
+    assert dec.allocated <= 8 * (1024 * 1024 + 100)  # at most eight times what arrived
+    assert dec.allocated < 100 * 1024 * 1024
+
+
+def test_a_large_frame_grows_even_while_a_view_of_its_buffer_is_alive() -> None:
+    """A caller still holding the last buffer it was given does not stop the growth."""
+    payload = bytes(i % 251 for i in range(300_000))
+    stream = struct.pack(">i", len(payload)) + payload
+    dec = FrameDecoder(big_initial_bytes=4096)
+    views, frames, pos = [], [], 0
+    while pos < len(stream):
+        target = dec.get_buffer()
+        views.append(target)  # kept alive on purpose
+        n = min(len(target), len(stream) - pos)
+        target[:n] = stream[pos : pos + n]
+        frames.extend(dec.written(n))
+        pos += n
+    assert [bytes(f) for f in frames] == [payload]
