@@ -32,20 +32,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dev.harness import KafkaCluster
+from dev.proc import rss_bytes
 from dev.proxy_process import ProxyProcess, gateway_config
 from protocol import messages
 from protocol.frames import SIZE, RequestHeader, encode_request_header
 
 KiB, MiB = 1024, 1024 * 1024
 IDLE_EXPIRY_S = 20
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * KiB
-    raise RuntimeError("no VmRSS")
 
 
 def wait_metric(proxy: ProxyProcess, name: str, labels: dict[str, str], want: float, timeout: float) -> float:

@@ -40,7 +40,6 @@ import collections
 import contextlib
 import json
 import multiprocessing
-import os
 import statistics
 import sys
 import tempfile
@@ -52,6 +51,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dev.proc import open_fds, rss_bytes
 
 KiB, MiB = 1024, 1024 * 1024
 HEAVY_QUOTA = 256 * KiB
@@ -427,18 +428,6 @@ def latency_probe(bootstrap: str, stop: Event, out: Any, direct: str, per_second
 
 
 # --- the proxy process -----------------------------------------------------------------------
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * KiB
-    raise RuntimeError("no VmRSS")
-
-
-def open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 def p99(values: list[float]) -> float:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 import socket
 import struct
@@ -28,6 +27,7 @@ from typing import Any
 import pytest
 
 from dev.harness import KafkaCluster, free_port, run_tool
+from dev.proc import open_fds
 from dev.proxy_process import ProxyProcess, gateway_config
 from protocol import messages
 from protocol.api_keys import ApiKey
@@ -45,10 +45,6 @@ def _wait_for(condition: Callable[[], bool], timeout: float, what: Callable[[], 
         if time.monotonic() > deadline:
             raise AssertionError(what() if callable(what) else what)
         time.sleep(0.2)
-
-
-def _fd_count(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 # --- an upstream that accepts and never answers --------------------------------------------------
@@ -186,9 +182,9 @@ def _assert_nothing_held(proxy: ProxyProcess, baseline_fds: int | None, what: st
         lambda: f"{what}: connection gauge stays at {proxy.metric('kthrottle_connections_active')}",
     )
     _wait_for(
-        lambda: baseline_fds is None or _fd_count(pid) <= baseline_fds,
+        lambda: baseline_fds is None or open_fds(pid) <= baseline_fds,
         30,
-        lambda: f"{what}: proxy holds {_fd_count(pid)} fds, {baseline_fds} before the client came",
+        lambda: f"{what}: proxy holds {open_fds(pid)} fds, {baseline_fds} before the client came",
     )
     assert proxy.proc.poll() is None, f"the proxy died:\n{proxy.log_tail()}"
 
@@ -206,7 +202,7 @@ def test_upstream_that_never_answers_times_out_on_the_clients_own_timeout(
 
     hole, proxy = black_hole_proxy
     assert proxy.proc is not None
-    baseline_fds = _fd_count(proxy.proc.pid)
+    baseline_fds = open_fds(proxy.proc.pid)
 
     errors: list[KafkaError | None] = []
     producer = Producer(
@@ -270,7 +266,7 @@ def test_upstream_that_stops_reading_is_released_when_the_client_leaves(
     gives up on the orphaned socket and resets it; the reset here makes that immediate.)"""
     hole, proxy = black_hole_proxy
     assert proxy.proc is not None
-    baseline_fds = _fd_count(proxy.proc.pid)
+    baseline_fds = open_fds(proxy.proc.pid)
     client = socket.create_connection(("127.0.0.1", proxy.ports["sidecar"]), timeout=10)
     client.sendall(_request_frame(ApiKey.API_VERSIONS, 0, 0, "hole-raw", b""))
     _wait_for(lambda: bool(hole.of("hole-raw")), 30, "the client's first request never reached the upstream")
@@ -534,7 +530,7 @@ def _proxied_load(cluster: KafkaCluster, topic: str, workdir: Path) -> Iterator[
     closed, the proxy must hold none of their connections (gauge and fds back to the start)."""
     with ProxyProcess(gateway_config(cluster), workdir=workdir) as proxy:
         assert proxy.proc is not None
-        baseline_fds = _fd_count(proxy.proc.pid)
+        baseline_fds = open_fds(proxy.proc.pid)
         with Load(proxy.bootstrap, topic) as load:
             yield proxy, load
         _assert_nothing_held(proxy, baseline_fds, "after the clients left")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dev.harness import KafkaCluster
+from dev.proc import rss_bytes
 from dev.proxy_process import ProxyProcess, gateway_config
 from protocol import messages
 from protocol.frames import SIZE, RequestHeader, encode_request_header
@@ -24,14 +25,6 @@ from tests.integration.test_quotas import OffsetSampler, steady_rate
 pytestmark = pytest.mark.integration
 
 KiB, MiB = 1024, 1024 * 1024
-
-
-def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * KiB
-    raise RuntimeError("no VmRSS")
 
 
 def _fetch_frame(topic: str, correlation_id: int, max_bytes: int) -> bytes:
@@ -80,19 +73,19 @@ def test_reader_that_never_reads_holds_bounded_memory_and_others_go_on(
     with ProxyProcess(gateway_config(kafka_broker), workdir=tmp_path) as proxy:
         assert proxy.proc is not None
         host, port = proxy.bootstrap.split(":")
-        before = _rss(proxy.proc.pid)
+        before = rss_bytes(proxy.proc.pid)
         with socket.create_connection((host, int(port)), timeout=30) as hostile:
             hostile.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * KiB)
             hostile.sendall(b"".join(_fetch_frame(topic, i, 8 * MiB) for i in range(100)))
             peak = before
             for _ in range(20):  # 10 s of not reading
                 time.sleep(0.5)
-                peak = max(peak, _rss(proxy.proc.pid))
+                peak = max(peak, rss_bytes(proxy.proc.pid))
             other = f"bystander-{uuid.uuid4().hex[:6]}"
             sent = make_messages(200, "bystander")
             got = kafka_python_roundtrip(proxy.bootstrap, other, sent)
             assert sorted(got) == sorted(sent)
-            peak = max(peak, _rss(proxy.proc.pid))
+            peak = max(peak, rss_bytes(proxy.proc.pid))
         growth = peak - before
         print(f"slow reader: proxy RSS grew {growth / MiB:.1f} MiB")
         assert growth < 64 * MiB, f"proxy grew by {growth / MiB:.0f} MiB for a client that reads nothing"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import resource
 import socket
 import struct
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from dev.harness import KafkaCluster
+from dev.proc import open_fds, rss_bytes
 from dev.proxy_process import ProxyProcess, gateway_config
 from tests.integration.clients import assert_same_messages, kafka_python_roundtrip, messages
 
@@ -31,18 +31,6 @@ KiB, MiB = 1024, 1024 * 1024
 def _api_versions_request(correlation_id: int) -> bytes:
     payload = struct.pack(">hhih", 18, 0, correlation_id, 4) + b"evil"
     return struct.pack(">i", len(payload)) + payload
-
-
-def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * KiB
-    raise RuntimeError("no VmRSS")
-
-
-def _fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 def _wait_for(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
@@ -74,13 +62,13 @@ def test_slowloris_is_closed_and_others_go_on(kafka_broker: KafkaCluster, tmp_pa
         assert proxy.proc is not None
         host, port = proxy.bootstrap.split(":")
         frame = _api_versions_request(1)
-        rss_before = _rss(proxy.proc.pid)
+        rss_before = rss_bytes(proxy.proc.pid)
         trickling = [socket.create_connection((host, int(port)), timeout=30) for _ in range(20)]
         stalled = [socket.create_connection((host, int(port)), timeout=30) for _ in range(20)]
         for sock in stalled:
             sock.sendall(struct.pack(">i", 100 * MiB) + frame[4:])
         time.sleep(0.5)
-        claimed = _rss(proxy.proc.pid) - rss_before
+        claimed = rss_bytes(proxy.proc.pid) - rss_before
         print(f"20 frames claiming 100 MiB each: proxy RSS grew {claimed / MiB:.1f} MiB")
         assert claimed < 64 * MiB
         closed_by_proxy: set[int] = set()
@@ -132,7 +120,7 @@ def test_five_thousand_idle_connections(kafka_broker: KafkaCluster, tmp_path: Pa
             assert proxy.proc is not None
             pid = proxy.proc.pid
             host, port = proxy.bootstrap.split(":")
-            fds_before, rss_before = _fds(pid), _rss(pid)
+            fds_before, rss_before = open_fds(pid), rss_bytes(pid)
             accepted_before = proxy.metric("kthrottle_connections_total")
 
             async def hold() -> tuple[list[asyncio.StreamWriter], int]:
@@ -167,7 +155,7 @@ def test_five_thousand_idle_connections(kafka_broker: KafkaCluster, tmp_path: Pa
                 _wait_for(f"{count} connections active", lambda: _active(proxy) == count)
                 assert proxy.metric("kthrottle_connections_total") - accepted_before == count
                 time.sleep(2)  # the upstream connections settle
-                per_connection = (_rss(pid) - rss_before) / count
+                per_connection = (rss_bytes(pid) - rss_before) / count
                 print(f"{count} idle connections: {per_connection / KiB:.1f} KiB each")
                 assert per_connection < 50 * KiB
                 _bystander(proxy, "beside-5000")
@@ -177,7 +165,7 @@ def test_five_thousand_idle_connections(kafka_broker: KafkaCluster, tmp_path: Pa
             finally:
                 loop.close()
             _wait_for("all connections closed", lambda: _active(proxy) == 0)
-            _wait_for("descriptors given back", lambda: _fds(pid) <= fds_before + 4)
+            _wait_for("descriptors given back", lambda: open_fds(pid) <= fds_before + 4)
             assert proxy.proc.poll() is None
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
@@ -196,7 +184,7 @@ def test_reconnect_storm(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
         pid = proxy.proc.pid
         host, port = proxy.bootstrap.split(":")
         _bystander(proxy, "warm-up")  # the proxy's own long-lived connections are open now
-        fds_before = _fds(pid)
+        fds_before = open_fds(pid)
         stop = threading.Event()
         answered: list[int] = []
         failed: list[BaseException] = []
@@ -237,6 +225,6 @@ def test_reconnect_storm(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
         assert sum(answered) > 100
         assert proxy.metric("kthrottle_upstream_errors_total", {"kind": "connect"}) == 0
         _wait_for("all connections closed", lambda: _active(proxy) == 0)
-        _wait_for("descriptors given back", lambda: _fds(pid) <= fds_before + 4)
+        _wait_for("descriptors given back", lambda: open_fds(pid) <= fds_before + 4)
         _bystander(proxy, "after-storm")
         assert proxy.proc.poll() is None

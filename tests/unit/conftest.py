@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -48,30 +49,45 @@ class Harness:
     server: ProxyServer
 
 
-@pytest.fixture(scope="module")
-def harness() -> Iterator[Harness]:
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.contextmanager
+def proxy_in_front_of(
+    handle: Handler, extra_config: str = ""
+) -> Iterator[tuple[asyncio.AbstractEventLoop, int, ProxyServer]]:
+    """A sidecar proxy on its own event loop thread, in front of an upstream served by
+    ``handle``; yields the loop, the proxy's port and the server."""
     loop = asyncio.new_event_loop()
-    stub = StubUpstream()
     upstream_port, proxy_port = free_port(), free_port()
     cfg = parse_config(
         f"mode: sidecar\nsidecar: {{listen_port: {proxy_port}, upstream: '127.0.0.1:{upstream_port}'}}\n"
         "admin: {enabled: false}\nmetadata_refresh_seconds: 3600\n"
         # The stub is no Kafka broker: the quota API's store (a Kafka client) must not talk to it.
-        "quota_api: {mode: forward}\n"
+        "quota_api: {mode: forward}\n" + extra_config
     )
     server = ProxyServer(cfg)
 
     async def start() -> None:
-        await asyncio.start_server(stub.handle, "127.0.0.1", upstream_port)
+        await asyncio.start_server(handle, "127.0.0.1", upstream_port)
         await server.start()
 
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     asyncio.run_coroutine_threadsafe(start(), loop).result(10)
-    yield Harness(loop, stub, proxy_port, server)
-    asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
+    try:
+        yield loop, proxy_port, server
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def harness() -> Iterator[Harness]:
+    stub = StubUpstream()
+    with proxy_in_front_of(stub.handle) as (loop, port, server):
+        yield Harness(loop, stub, port, server)
 
 
 def recv_exactly(sock: socket.socket, n: int) -> bytes:

@@ -4,21 +4,17 @@ frames, and a frame the proxy itself stopped reading (a throttle mute), are left
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import struct
-import threading
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
 
-from dev.harness import free_port
-from proxy.config import parse_config
 from proxy.pipeline import Pipeline
 from proxy.server import ProxyServer
-from tests.unit.conftest import StubUpstream, recv_exactly
+from tests.unit.conftest import StubUpstream, proxy_in_front_of, recv_exactly
 
 TIMEOUT = 0.4
 
@@ -30,27 +26,13 @@ def _list_offsets_request(correlation_id: int) -> bytes:
 
 @pytest.fixture
 def proxy() -> Iterator[tuple[int, ProxyServer]]:
-    loop = asyncio.new_event_loop()
     stub = StubUpstream()
-    upstream_port, proxy_port = free_port(), free_port()
-    cfg = parse_config(
-        f"mode: sidecar\nsidecar: {{listen_port: {proxy_port}, upstream: '127.0.0.1:{upstream_port}'}}\n"
-        "admin: {enabled: false}\nmetadata_refresh_seconds: 3600\nquota_api: {mode: forward}\n"
-        f"client_frame_timeout_seconds: {TIMEOUT}\n"
-    )
-    server = ProxyServer(cfg)
-
-    async def start() -> None:
-        await asyncio.start_server(stub.handle, "127.0.0.1", upstream_port)
-        await server.start()
-
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    asyncio.run_coroutine_threadsafe(start(), loop).result(10)
-    yield proxy_port, server
-    asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
+    with proxy_in_front_of(stub.handle, f"client_frame_timeout_seconds: {TIMEOUT}\n") as (
+        _loop,
+        port,
+        server,
+    ):
+        yield port, server
 
 
 def _timeouts(server: ProxyServer) -> float:

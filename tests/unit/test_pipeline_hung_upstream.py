@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import socket
 import struct
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,10 +16,9 @@ from typing import cast
 import pytest
 
 import proxy.pipeline
-from dev.harness import free_port
 from protocol.frames import FrameDecoder
-from proxy.config import parse_config
 from proxy.server import ProxyServer
+from tests.unit.conftest import proxy_in_front_of
 
 MiB = 1024 * 1024
 
@@ -72,26 +70,9 @@ class Setup:
 def hung(monkeypatch: pytest.MonkeyPatch) -> Iterator[Setup]:
     monkeypatch.setattr(proxy.pipeline, "CLOSE_FLUSH_SECONDS", 0.5)
     monkeypatch.setattr(proxy.pipeline, "PAUSED_PEER_CHECK_SECONDS", 0.1)
-    loop = asyncio.new_event_loop()
     upstream = HungUpstream()
-    upstream_port, proxy_port = free_port(), free_port()
-    cfg = parse_config(
-        f"mode: sidecar\nsidecar: {{listen_port: {proxy_port}, upstream: '127.0.0.1:{upstream_port}'}}\n"
-        "admin: {enabled: false}\nmetadata_refresh_seconds: 3600\nquota_api: {mode: forward}\n"
-    )
-    server = ProxyServer(cfg)
-
-    async def start() -> None:
-        await asyncio.start_server(upstream.handle, "127.0.0.1", upstream_port)
-        await server.start()
-
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    asyncio.run_coroutine_threadsafe(start(), loop).result(10)
-    yield Setup(loop, upstream, proxy_port, server)
-    asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
+    with proxy_in_front_of(upstream.handle) as (loop, port, server):
+        yield Setup(loop, upstream, port, server)
 
 
 def _frame(api_key: int, version: int, body: bytes) -> bytes:

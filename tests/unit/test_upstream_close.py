@@ -7,14 +7,12 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-import threading
 from collections.abc import Iterator
 
 import pytest
 
-from dev.harness import free_port
-from proxy.config import parse_config
 from proxy.server import ProxyServer
+from tests.unit.conftest import proxy_in_front_of
 
 
 def _api_versions_request() -> bytes:
@@ -38,26 +36,9 @@ class _ClosingUpstream:
 
 @pytest.fixture
 def proxy() -> Iterator[tuple[int, ProxyServer, _ClosingUpstream]]:
-    loop = asyncio.new_event_loop()
     stub = _ClosingUpstream()
-    upstream_port, proxy_port = free_port(), free_port()
-    cfg = parse_config(
-        f"mode: sidecar\nsidecar: {{listen_port: {proxy_port}, upstream: '127.0.0.1:{upstream_port}'}}\n"
-        "admin: {enabled: false}\nmetadata_refresh_seconds: 3600\nquota_api: {mode: forward}\n"
-    )
-    server = ProxyServer(cfg)
-
-    async def start() -> None:
-        await asyncio.start_server(stub.handle, "127.0.0.1", upstream_port)
-        await server.start()
-
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    asyncio.run_coroutine_threadsafe(start(), loop).result(10)
-    yield proxy_port, server, stub
-    asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
+    with proxy_in_front_of(stub.handle) as (_loop, port, server):
+        yield port, server, stub
 
 
 def _count(server: ProxyServer, kind: str) -> float:
