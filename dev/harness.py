@@ -29,7 +29,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dev.netns import NetworkNamespace
 
 log = logging.getLogger(__name__)
 
@@ -173,9 +176,9 @@ def _first_errors(path: Path, count: int = 8) -> str:
     return "\n".join(picked) or "(no ERROR lines)"
 
 
-def _port_open(port: int) -> bool:
-    """Cheap check before a Kafka client is built: is anything accepting on this loopback port?"""
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+def _port_open(host: str, port: int) -> bool:
+    """Cheap check before a Kafka client is built: is anything accepting on this port?"""
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
         return True
     return False
 
@@ -264,21 +267,22 @@ class KafkaNode:
     process: subprocess.Popen[bytes] | None = None
     sasl_port: int = 0  # the SASL_PLAINTEXT listener, when the cluster has SASL users
     ssl_port: int = 0  # the SSL listener, when the cluster has TLS
+    host: str = "127.0.0.1"  # where its listeners bind (another address inside a network namespace)
 
     @property
     def ssl_address(self) -> str:
         """host:port of the SSL listener."""
-        return f"127.0.0.1:{self.ssl_port}"
+        return f"{self.host}:{self.ssl_port}"
 
     @property
     def address(self) -> str:
         """host:port of the PLAINTEXT (client) listener."""
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def sasl_address(self) -> str:
         """host:port of the SASL_PLAINTEXT listener (PLAIN and SCRAM-SHA-256)."""
-        return f"127.0.0.1:{self.sasl_port}"
+        return f"{self.host}:{self.sasl_port}"
 
     @property
     def log_dir(self) -> Path:
@@ -334,17 +338,22 @@ class KafkaCluster:
         config: dict[str, str] | None = None,
         sasl_users: dict[str, str] | None = None,
         tls: BrokerTls | None = None,
+        netns: NetworkNamespace | None = None,
     ) -> None:
         """``sasl_users`` (name -> password) adds a SASL_PLAINTEXT listener where each user can
-        log in with PLAIN or SCRAM-SHA-256; the PLAINTEXT listener stays for tools and checks."""
+        log in with PLAIN or SCRAM-SHA-256; the PLAINTEXT listener stays for tools and checks.
+        ``netns`` runs the nodes inside that network namespace, on its inner address, so a test
+        can cut the network between them and everything outside (``dev/netns.py``)."""
         if brokers < 1:
             raise ValueError("a cluster needs at least one broker")
         self._own_workdir = workdir is None
         self.workdir = Path(tempfile.mkdtemp(prefix="kthrottle-kafka-")) if workdir is None else Path(workdir)
         self.config: dict[str, str] = dict(config or {})
         self.cluster_id = new_cluster_id()
+        self.netns = netns
+        host = netns.inner_address if netns is not None else "127.0.0.1"
         self.nodes: list[KafkaNode] = [
-            KafkaNode(node_id, free_port(), free_port(), self.workdir / f"node-{node_id}")
+            KafkaNode(node_id, free_port(), free_port(), self.workdir / f"node-{node_id}", host=host)
             for node_id in range(1, brokers + 1)
         ]
         self.bootstrap_servers = ",".join(node.address for node in self.nodes)
@@ -386,12 +395,12 @@ class KafkaCluster:
     def node_properties(self, node: KafkaNode) -> dict[str, str]:
         """server.properties for one node: KRaft combined mode, tuned to start/stop fast, then overrides."""
         replication = str(min(3, len(self.nodes)))
-        voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes)
+        voters = ",".join(f"{n.node_id}@{n.host}:{n.controller_port}" for n in self.nodes)
         props = {
             "process.roles": "broker,controller",
             "node.id": str(node.node_id),
-            "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
+            "listeners": f"PLAINTEXT://{node.address},CONTROLLER://{node.host}:{node.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{node.address}",
             "controller.listener.names": "CONTROLLER",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "inter.broker.listener.name": "PLAINTEXT",
@@ -416,7 +425,7 @@ class KafkaCluster:
             "num.recovery.threads.per.data.dir": "1",
         }
         if self.sasl_users:
-            sasl = f"SASL_PLAINTEXT://127.0.0.1:{node.sasl_port}"
+            sasl = f"SASL_PLAINTEXT://{node.sasl_address}"
             plain_users = " ".join(f'user_{u}="{pw}"' for u, pw in self.sasl_users.items())
             plain_module = "org.apache.kafka.common.security.plain.PlainLoginModule"
             scram_module = "org.apache.kafka.common.security.scram.ScramLoginModule"
@@ -428,7 +437,7 @@ class KafkaCluster:
             props[jaas.format("plain")] = f"{plain_module} required {plain_users};"
             props[jaas.format("scram-sha-256")] = f"{scram_module} required;"
         if self.tls is not None:
-            listener = f"SSL://127.0.0.1:{node.ssl_port}"
+            listener = f"SSL://{node.ssl_address}"
             props["listeners"] += "," + listener
             props["advertised.listeners"] += "," + listener
             props["listener.security.protocol.map"] += ",SSL:SSL"
@@ -592,8 +601,11 @@ class KafkaCluster:
     def _spawn(self, node: KafkaNode) -> None:
         """Start ``kafka.Kafka server.properties`` with output to files (a pipe nobody reads would fill)."""
         node.log_dir.mkdir(parents=True, exist_ok=True)
-        cmd = _death_signal_prefix() + java_command(
-            "kafka.Kafka", str(node.properties_file), log_dir=node.log_dir
+        inside = self.netns.exec_prefix() if self.netns is not None else []
+        cmd = (
+            _death_signal_prefix()
+            + inside
+            + java_command("kafka.Kafka", str(node.properties_file), log_dir=node.log_dir)
         )
         with (node.log_dir / "stdout.log").open("ab") as out:
             node.process = subprocess.Popen(
@@ -642,7 +654,7 @@ class KafkaCluster:
                 remaining_ms = int((deadline - time.monotonic()) * 1000)
                 if remaining_ms <= 0:
                     break
-                if not _port_open(node.port):
+                if not _port_open(node.host, node.port):
                     last_seen[node.node_id] = "port not open"
                     continue
                 try:
