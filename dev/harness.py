@@ -20,6 +20,7 @@ import shlex
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
+
+from dev.waiting import wait_until
 
 if TYPE_CHECKING:
     from dev.netns import NetworkNamespace
@@ -241,6 +244,39 @@ def _admin_client(address: str, timeout_ms: int) -> Iterator[Any]:
         elif getattr(admin, "_net", None) is not None:  # bootstrap failed: stop its IO thread anyway
             with contextlib.suppress(Exception):
                 admin._net.stop()
+
+
+def _topic_readiness(node: KafkaNode, topic: str, partitions: int) -> str:
+    """"ready" when ``node``'s own metadata lists ``topic`` with ``partitions`` partitions, each with a
+    leader; otherwise what it shows instead. One Metadata request to that node alone (a client library
+    would ask whichever node it likes, which is not the question)."""
+    from protocol import messages
+    from protocol.api_keys import ApiKey
+    from protocol.frames import SIZE, RequestHeader, encode_request_header, response_header_size
+
+    version = 12
+    header = RequestHeader(ApiKey.METADATA, version, 1, "kthrottle-harness", 0)
+    body = {"topics": [{"name": topic}], "allow_auto_topic_creation": False}
+    payload = encode_request_header(header) + messages.encode(ApiKey.METADATA, version, body, response=False)
+    try:
+        with socket.create_connection((node.host, node.port), timeout=5) as sock:
+            sock.sendall(SIZE.pack(len(payload)) + payload)
+            stream = sock.makefile("rb")
+            (size,) = SIZE.unpack(stream.read(4))
+            frame = stream.read(size)
+    except (OSError, struct.error) as exc:
+        return f"no answer: {exc!r}"
+    resp = messages.decode_response(
+        ApiKey.METADATA, version, memoryview(frame)[response_header_size(ApiKey.METADATA, version, frame) :]
+    )
+    [entry] = resp["topics"]
+    if entry["error_code"] != 0:
+        return f"topic error {entry['error_code']}"
+    parts = entry["partitions"]
+    leaderless = sorted(p["partition_index"] for p in parts if p["leader_id"] < 0 or p["error_code"] != 0)
+    if len(parts) != partitions or leaderless:
+        return f"{len(parts)} partitions, without a leader: {leaderless}"
+    return "ready"
 
 
 # --- cluster -----------------------------------------------------------------------------------------------
@@ -507,40 +543,85 @@ class KafkaCluster:
             self.stop_node(node_id, kill=True)
             raise
 
-    def create_topic(self, name: str, partitions: int = 1, replication: int = 1) -> None:
-        """Create a topic straight on the brokers with Kafka's TopicCommand; raises with its stderr."""
-        proc = run_tool(
-            "org.apache.kafka.tools.TopicCommand",
-            "--bootstrap-server",
-            self.bootstrap_servers,
-            "--create",
-            "--topic",
-            name,
-            "--partitions",
-            str(partitions),
-            "--replication-factor",
-            str(replication),
-        )
-        if proc.returncode != 0:
-            raise KafkaHarnessError(f"creating topic {name} failed:\n{proc.stderr[-2000:]}")
+    def create_topic(
+        self, name: str, partitions: int = 1, replication: int = 1, timeout: float = 60.0
+    ) -> None:
+        """Create a topic straight on the brokers, then wait until every running node's metadata lists it
+        with a leader for each partition: whatever the caller does next, with any client bootstrapped on
+        any node, finds the topic ready. Raises with the broker's error, or with what each node last
+        showed if the topic does not become ready within ``timeout``."""
+        from kafka.errors import KafkaError
 
-    def fill_topic(self, name: str, records: int, record_size: int = 1024) -> None:
-        """Write ``records`` records straight to the brokers with Kafka's perf producer; raises on failure."""
-        proc = run_tool(
-            "org.apache.kafka.tools.ProducerPerformance",
-            "--topic",
-            name,
-            "--num-records",
-            str(records),
-            "--record-size",
-            str(record_size),
-            "--throughput",
-            "-1",
-            "--producer-props",
-            f"bootstrap.servers={self.bootstrap_servers}",
+        with _admin_client(self.bootstrap_servers, int(timeout * 1000)) as admin:
+            try:
+                admin.create_topics(
+                    {name: {"num_partitions": partitions, "replication_factor": replication}},
+                    timeout_ms=int(timeout * 1000),
+                )
+            except KafkaError as exc:
+                raise KafkaHarnessError(f"creating topic {name} failed: {exc!r}") from exc
+        self.wait_for_topic(name, partitions, timeout)
+
+    def wait_for_topic(self, name: str, partitions: int, timeout: float = 60.0) -> None:
+        """Wait until every running node's metadata lists ``name`` with ``partitions`` partitions, each
+        with a leader (a new topic, or a leader moved: each broker's metadata cache catches up on its own
+        schedule, and a client may ask any of them)."""
+        seen: dict[int, str] = {}
+
+        def ready_everywhere() -> bool:
+            for node in self.nodes:
+                if node.running:
+                    seen[node.node_id] = _topic_readiness(node, name, partitions)
+            return all(state == "ready" for state in seen.values())
+
+        wait_until(
+            ready_everywhere,
+            timeout,
+            lambda: f"topic {name} ({partitions} partitions) not ready on every node: {seen}",
         )
-        if proc.returncode != 0:
-            raise KafkaHarnessError(f"filling topic {name} failed:\n{proc.stderr[-2000:]}")
+
+    def fill_topic(self, name: str, records: int, record_size: int = 1024, timeout: float = 120.0) -> None:
+        """Write ``records`` records of ``record_size`` random bytes straight to the brokers (librdkafka,
+        in-process, acks=all); raises unless every one was acknowledged within ``timeout``."""
+        from confluent_kafka import KafkaError, Producer
+
+        producer = Producer(
+            {
+                "bootstrap.servers": self.bootstrap_servers,
+                "client.id": "kthrottle-harness-fill",
+                "acks": "all",
+                "linger.ms": 20,
+                "batch.size": 1048576,
+                "queue.buffering.max.kbytes": 262144,
+            }
+        )
+        value = os.urandom(record_size)
+        acked = 0
+        failures: list[KafkaError] = []
+
+        def delivered(err: KafkaError | None, _msg: object) -> None:
+            nonlocal acked
+            if err is None:
+                acked += 1
+            else:
+                failures.append(err)
+
+        deadline = time.monotonic() + timeout
+        for _ in range(records):
+            while True:
+                try:
+                    producer.produce(name, value, on_delivery=delivered)
+                    break
+                except BufferError as full:  # local queue full: let deliveries drain it
+                    producer.poll(0.05)
+                    if time.monotonic() > deadline:
+                        raise KafkaHarnessError(f"filling {name}: queue full after {timeout}s") from full
+            producer.poll(0)
+        producer.flush(max(deadline - time.monotonic(), 0))
+        if acked != records:
+            raise KafkaHarnessError(
+                f"filling topic {name}: {acked} of {records} records acknowledged; errors: {failures[:3]}"
+            )
 
     def tool_command(self) -> str:
         """A shell line to run Kafka tools against this cluster (printed by the CLI)."""

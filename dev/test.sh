@@ -4,13 +4,17 @@
 # Extra arguments go to pytest, e.g. `bash dev/test.sh -k passthrough`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+setup_began=$SECONDS
 # shellcheck source=dev/setup.sh
 source dev/setup.sh
 export SPARK_LOCAL_IP=127.0.0.1
+echo "== setup took $((SECONDS - setup_began)) s (virtualenv, Kafka jars, helm; cached after the first run)" >&2
 
+lint_began=$SECONDS
 echo "== ruff" >&2
 ruff check protocol quota proxy analytics dev tests bench fuzz
 echo "== mypy" >&2
 mypy
-echo "== pytest" >&2
+echo "== ruff + mypy took $((SECONDS - lint_began)) s" >&2
+echo "== pytest (the 25 slowest tests are listed at the end)" >&2
 exec python -m pytest -p no:cacheprovider -q -ra --durations=25 "$@"

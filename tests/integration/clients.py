@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 Message = tuple[bytes, bytes]
 
@@ -190,3 +191,27 @@ def assert_same_messages(sent: Iterable[Message], got: Iterable[Message]) -> Non
     sent_list, got_list = sorted(sent), sorted(got)
     assert len(got_list) == len(sent_list), f"sent {len(sent_list)}, consumed {len(got_list)}"
     assert got_list == sent_list
+
+
+# --- greedy librdkafka producers ------------------------------------------------------------------
+
+
+def delivery_errors_into(errors: list[str]) -> Callable[[Any, Any], None]:
+    """A librdkafka delivery callback that keeps every error except the purge of records that were
+    never sent (``stop_greedy_producer``): what a quota test must see is that nothing *sent* failed."""
+    from confluent_kafka import KafkaError
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None and err.code() != KafkaError._PURGE_QUEUE:
+            errors.append(str(err))
+
+    return on_delivery
+
+
+def stop_greedy_producer(producer: Any, timeout: float = 30) -> None:
+    """End a producer that offered more than its quota: drop what it queued but never sent (at
+    the quota, flushing megabytes of backlog would take minutes and measure nothing), then wait
+    for the requests in flight; raises if they are not answered within ``timeout``."""
+    producer.purge(in_queue=True, in_flight=False)
+    left = producer.flush(timeout)
+    assert left == 0, f"{left} requests in flight still unanswered after {timeout} s"

@@ -49,12 +49,12 @@ def test_producer_id_storm_is_slowed_and_others_are_not(sasl_cluster: KafkaClust
     cfg["quotas"] = {
         "users": {"<default>": {"producer_ids_rate": PID_QUOTA}},
         "producer_ids": {
-            "window": {"num": 5, "size_seconds": 2},
+            "window": {"num": 5, "size_seconds": 1},  # a 5 s cycle: several in a short storm
             "max_bytes_per_user": PID_FILTER_BYTES,
             "false_positive_rate": 0.01,
         },
     }
-    duration, steady_from = 40.0, 12.0
+    duration, steady_from = 22.0, 7.0
     with ProxyProcess(cfg, workdir=tmp_path) as proxy:
         result = producer_id_storm(
             proxy.bootstrap, _sasl("alice"), _sasl("bob"), storm_topic, steady_topic, duration

@@ -30,6 +30,7 @@ from dev.harness import KafkaCluster, free_port, run_tool
 from dev.netns import NetnsUnavailable, NetworkNamespace
 from dev.proc import open_fds
 from dev.proxy_process import ProxyProcess, gateway_config
+from dev.waiting import wait_until
 from protocol import messages
 from protocol.api_keys import ApiKey
 from protocol.frames import SIZE, RequestHeader, encode_request_header, encode_response_header
@@ -37,15 +38,6 @@ from protocol.frames import SIZE, RequestHeader, encode_request_header, encode_r
 pytestmark = pytest.mark.integration
 
 MiB = 1024 * 1024
-
-
-def _wait_for(condition: Callable[[], bool], timeout: float, what: Callable[[], str] | str) -> None:
-    """Poll ``condition`` until it holds; fail with ``what`` (a message or a function giving one)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(what() if callable(what) else what)
-        time.sleep(0.2)
 
 
 # --- an upstream that accepts and never answers --------------------------------------------------
@@ -177,12 +169,12 @@ def _assert_nothing_held(proxy: ProxyProcess, baseline_fds: int | None, what: st
     """The connection gauge back to 0 and (given a baseline) the proxy's fds back to it."""
     assert proxy.proc is not None
     pid = proxy.proc.pid
-    _wait_for(
+    wait_until(
         lambda: proxy.metric("kthrottle_connections_active") == 0,
         30,
         lambda: f"{what}: connection gauge stays at {proxy.metric('kthrottle_connections_active')}",
     )
-    _wait_for(
+    wait_until(
         lambda: baseline_fds is None or open_fds(pid) <= baseline_fds,
         30,
         lambda: f"{what}: proxy holds {open_fds(pid)} fds, {baseline_fds} before the client came",
@@ -237,7 +229,7 @@ def test_upstream_that_never_answers_times_out_on_the_clients_own_timeout(
     assert hole.of("hole-kafka-python"), "kafka-python's requests never reached the upstream"
 
     for client_id in ("hole-librdkafka", "hole-kafka-python"):
-        _wait_for(
+        wait_until(
             lambda cid=client_id: all(c.eof.is_set() for c in hole.of(cid)),  # type: ignore[misc]
             30,
             lambda cid=client_id: (  # type: ignore[misc]
@@ -270,7 +262,7 @@ def test_upstream_that_stops_reading_is_released_when_the_client_leaves(
     baseline_fds = open_fds(proxy.proc.pid)
     client = socket.create_connection(("127.0.0.1", proxy.ports["sidecar"]), timeout=10)
     client.sendall(_request_frame(ApiKey.API_VERSIONS, 0, 0, "hole-raw", b""))
-    _wait_for(lambda: bool(hole.of("hole-raw")), 30, "the client's first request never reached the upstream")
+    wait_until(lambda: bool(hole.of("hole-raw")), 30, "the client's first request never reached the upstream")
     # Metadata requests the proxy forwards byte for byte, 1 MiB each: the upstream reads none.
     frame = _request_frame(ApiKey.METADATA, 12, 1, "hole-raw", b"\x00" * MiB)
     client.settimeout(3)
@@ -320,7 +312,7 @@ def _direct_leaders(
         seen = _leaders(running, topic)[0]
         return bool(seen) and all(leader >= 0 for leader in seen.values()) and (want is None or want(seen))
 
-    _wait_for(settled, 60, lambda: f"leaders of {topic}: {seen}")
+    wait_until(settled, 60, lambda: f"leaders of {topic}: {seen}")
     return seen
 
 
@@ -467,7 +459,7 @@ class Load:
         assert not self._threads[0].is_alive(), "the producer never finished flushing"
         assert not self._crashes, f"a client thread died: {self._crashes!r}"
         acked = set(self.acked)
-        _wait_for(
+        wait_until(
             lambda: acked <= set(self.consumed),
             120,
             lambda: (
@@ -564,7 +556,7 @@ def test_broker_killed_and_restarted_under_load(cluster: KafkaCluster, tmp_path:
         load.run_for(3)
         cluster.start_node(victim)
         restarted = time.monotonic()
-        _wait_for(
+        wait_until(
             lambda: load.acked_since(restarted, led) >= 50 and load.acked_since(restarted) >= 100,
             90,
             lambda: (
@@ -628,7 +620,7 @@ def test_leader_moves_and_clients_follow_through_the_proxy(cluster: KafkaCluster
             through_proxy[:] = [leaders, md]
             return leaders.get(0) == new
 
-        _wait_for(
+        wait_until(
             proxy_names_new_leader,
             30,
             lambda: f"Metadata through the proxy names leaders {through_proxy[:1]}, the brokers {new}",
@@ -640,7 +632,7 @@ def test_leader_moves_and_clients_follow_through_the_proxy(cluster: KafkaCluster
             f"Metadata through the proxy names {named}, not the proxy's broker ports"
         )
         assert md.brokers[new].port == proxy.ports[f"broker-{new}"]
-        _wait_for(
+        wait_until(
             lambda: load.acked_since(moved) >= 100,
             90,
             lambda: f"only {load.acked_since(moved)} acks after the move:\n{proxy.log_tail()}",
@@ -666,7 +658,7 @@ def test_proxy_killed_and_restarted_under_load(cluster: KafkaCluster, tmp_path: 
             load.run_for(2)
             proxy.start()  # the same config, so the same ports
             restarted = time.monotonic()
-            _wait_for(
+            wait_until(
                 lambda: load.acked_since(restarted) >= 100,
                 90,
                 lambda: f"only {load.acked_since(restarted)} acks after the restart:\n{proxy.log_tail()}",
@@ -698,7 +690,7 @@ def test_broker_paused_under_load(cluster: KafkaCluster, tmp_path: Path) -> None
             paused = time.monotonic()
             # Held until the partitions it led take writes again: leadership moved, and the
             # producer found the new leader through the proxy while the old one hangs.
-            _wait_for(
+            wait_until(
                 lambda: load.acked_since(paused, led) >= 20,
                 120,
                 lambda: f"partitions {led} of the paused broker took no writes:\n{proxy.log_tail()}",
@@ -711,7 +703,7 @@ def test_broker_paused_under_load(cluster: KafkaCluster, tmp_path: Path) -> None
             load.client_logs[-20:]
         )
         _wait_all_nodes_ready(cluster)
-        _wait_for(
+        wait_until(
             lambda: load.acked_since(resumed) >= 100,
             90,
             lambda: f"only {load.acked_since(resumed)} acks after SIGCONT:\n{proxy.log_tail()}",
@@ -752,7 +744,7 @@ def test_network_to_the_broker_cut_and_healed_under_load(netns: NetworkNamespace
                 netns.heal()
             healed = time.monotonic()
             assert acked_while_cut == 0, f"{acked_while_cut} messages acked across a cut network"
-            _wait_for(
+            wait_until(
                 lambda: load.acked_since(healed) >= 100,
                 120,
                 lambda: f"only {load.acked_since(healed)} acks after the heal:\n{proxy.log_tail()}",

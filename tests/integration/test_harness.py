@@ -91,7 +91,9 @@ def test_three_node_cluster_spreads_replicas(kafka_cluster3: KafkaCluster) -> No
         assert not any(b.get("is_fenced") for b in cluster["brokers"])
 
         admin.create_topics({"t3": {"num_partitions": 3, "replication_factor": 3}})
-        admin.wait_for_topics(["t3"], timeout_ms=30000)
+        # kafka-python's wait_for_topics asks one node; the describe after it may ask another whose
+        # metadata has not caught up yet (seen as a topic with no partitions). Wait for all three.
+        kafka_cluster3.wait_for_topic("t3", partitions=3, timeout=30)
         [topic] = admin.describe_topics(["t3"])
     finally:
         admin.close()

@@ -94,7 +94,9 @@ def test_reader_that_never_reads_holds_bounded_memory_and_others_go_on(
 
 USERS = {"alice": "alice-secret"}
 QUOTA = 256 * KiB
-WINDOWS = 5
+WINDOWS, WINDOW_SIZE_S = 5, 0.5  # a 2.5 s quota cycle: each rotation (2 s) lands inside the last one's
+CYCLE = WINDOWS * WINDOW_SIZE_S
+STEADY_FROM, RUN_SECONDS = 4.0, 18.0
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +116,7 @@ def test_rotating_client_ids_do_not_dodge_a_user_quota(sasl_cluster: KafkaCluste
     cfg["gateway"]["upstream_bootstrap"] = sasl_cluster.sasl_bootstrap_servers.split(",")
     cfg["upstream_sasl"] = {"username": "alice", "password": USERS["alice"]}
     cfg["quotas"] = {
-        "window": {"num": WINDOWS, "size_seconds": 1},
+        "window": {"num": WINDOWS, "size_seconds": WINDOW_SIZE_S},
         "users": {"alice": {"producer_byte_rate": QUOTA}},
     }
     from confluent_kafka import Producer
@@ -157,11 +159,11 @@ def test_rotating_client_ids_do_not_dodge_a_user_quota(sasl_cluster: KafkaCluste
         start = time.monotonic()
         worker.start()
         try:
-            sampler.sample_until(start, 30.0, every=0.25)
+            sampler.sample_until(start, RUN_SECONDS, every=0.25)
         finally:
             stop.set()
             worker.join(60)
             sampler.close()
-    rate = steady_rate([(t, n * 4096) for t, n in sampler.samples], WINDOWS + 1, 30.0, cycle=WINDOWS)
+    rate = steady_rate([(t, n * 4096) for t, n in sampler.samples], STEADY_FROM, RUN_SECONDS, cycle=CYCLE)
     print(f"rotating client ids: {rate / KiB:.0f} KiB/s")
     assert abs(rate - QUOTA) / QUOTA < 0.25, f"{rate / KiB:.0f} KiB/s with rotating client ids, quota 256"

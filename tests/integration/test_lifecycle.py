@@ -19,6 +19,7 @@ import yaml
 
 from dev.harness import KafkaCluster, free_port
 from dev.proxy_process import REPO, ProxyProcess, gateway_config, sidecar_config
+from dev.waiting import wait_until
 from tests.integration.clients import assert_same_messages, kafka_python_roundtrip, messages
 
 pytestmark = pytest.mark.integration
@@ -119,7 +120,8 @@ def test_sigterm_drains_and_exits(kafka_broker: KafkaCluster, tmp_path: Path) ->
 
     worker = threading.Thread(target=produce, daemon=True)
     worker.start()
-    time.sleep(2)
+    # Requests in flight when SIGTERM lands: wait until the producer is well under way.
+    wait_until(lambda: len(acked) >= 200, 60, lambda: f"only {len(acked)} acked, {failed[:3]} failed")
     assert proxy.proc is not None
     began = time.monotonic()
     proxy.proc.send_signal(signal.SIGTERM)

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 JAVA_ADMIN = str(Path(__file__).parent / "java" / "QuotaAdmin.java")
 USERS = {"admin": f"admin-pw-{uuid.uuid4().hex}", "alice": f"alice-pw-{uuid.uuid4().hex}"}
-WINDOW_NUM, WINDOW_SIZE_S = 5, 1  # a 5 s quota window: the tests' bound is two of them
+WINDOW_NUM, WINDOW_SIZE_S = 5, 0.5  # a 2.5 s quota window: the tests' bound is two of them
 WINDOW_S = WINDOW_NUM * WINDOW_SIZE_S
 KiB = 1024
 

@@ -14,7 +14,8 @@ import pytest
 
 from dev.harness import KafkaCluster
 from dev.proxy_process import ProxyProcess, gateway_config
-from tests.integration.test_quotas import OffsetSampler, steady_rate
+from tests.integration.clients import delivery_errors_into, stop_greedy_producer
+from tests.integration.test_quotas import CYCLE, STEADY, WINDOW, OffsetSampler, steady_rate
 
 pytestmark = pytest.mark.integration
 
@@ -34,6 +35,7 @@ def _proxy_config(cluster: KafkaCluster) -> dict[str, object]:
     cfg["gateway"]["upstream_bootstrap"] = cluster.sasl_bootstrap_servers.split(",")  # type: ignore[index]
     cfg["upstream_sasl"] = {"username": "alice", "password": USERS["alice"]}
     cfg["quotas"] = {
+        "window": WINDOW,
         "users": {
             "alice": {"producer_byte_rate": ALICE, "clients": {"special": {"producer_byte_rate": SPECIAL}}},
             "bob": {"producer_byte_rate": BOB},
@@ -95,12 +97,12 @@ def test_each_user_held_to_its_own_quota(sasl_cluster: KafkaCluster, tmp_path: P
                     producer.produce(
                         topics[label],
                         payload,  # type: ignore[attr-defined]
-                        on_delivery=lambda err, _m: err and errors.append(str(err)),
+                        on_delivery=delivery_errors_into(errors),
                     )
                 except BufferError:
                     producer.poll(0.05)  # type: ignore[attr-defined]
                 producer.poll(0)  # type: ignore[attr-defined]
-            producer.flush(30)  # type: ignore[attr-defined]
+            stop_greedy_producer(producer)
 
         samplers = {label: OffsetSampler(sasl_cluster, topic) for label, topic in topics.items()}
         workers = [threading.Thread(target=produce, args=(label,), daemon=True) for label in runs]
@@ -108,7 +110,7 @@ def test_each_user_held_to_its_own_quota(sasl_cluster: KafkaCluster, tmp_path: P
         for worker in workers:
             worker.start()
         try:
-            deadline = 36.0
+            deadline = STEADY[1]
             while time.monotonic() - start < deadline:
                 for sampler in samplers.values():
                     sampler.sample_until(start, time.monotonic() - start + 0.25, every=0.25)
@@ -120,7 +122,7 @@ def test_each_user_held_to_its_own_quota(sasl_cluster: KafkaCluster, tmp_path: P
                 sampler.close()
         assert not errors, errors[:3]
         for label, (user, _mech, client_id, quota, level, bucket) in runs.items():
-            rate = steady_rate([(t, n * 1024) for t, n in samplers[label].samples], 12.0, 36.0)
+            rate = steady_rate([(t, n * 1024) for t, n in samplers[label].samples], *STEADY, cycle=CYCLE)
             assert abs(rate - quota) / quota < 0.15, f"{label}: {rate / KiB:.0f} KiB/s, quota {quota // KiB}"
             state = json.loads(proxy.admin_get(f"/quotas/entity?user={user}&client_id={client_id}")[1])
             assert state["producer_byte_rate"]["level"] == level

@@ -1,7 +1,8 @@
-"""The soak's five-minute version: bench/soak.py run as a user would run it, judged on what it
-prints. Mixed produce, fetch and admin traffic from three client libraries through the proxy
-with quotas on; nothing acknowledged may be lost or doubled, no client may see an error, and
-the proxy's memory and descriptors must not creep."""
+"""The soak's two-minute version: bench/soak.py run as a user would run it, judged on what it
+prints (30 s of warm-up, then 90 s over which memory and descriptors must hold still; the
+30-minute run is `python bench/soak.py`). Mixed produce, fetch and admin traffic from three
+client libraries through the proxy with quotas on; nothing acknowledged may be lost or doubled,
+no client may see an error, and the proxy's memory and descriptors must not creep."""
 
 from __future__ import annotations
 
@@ -16,13 +17,21 @@ from dev.proxy_process import REPO
 
 pytestmark = pytest.mark.integration
 
-MINUTES = 5
+MINUTES = 2
+WARMUP_SECONDS = 30
 
 
 @pytest.mark.timeout(MINUTES * 60 + 600)
-def test_five_minute_soak_loses_nothing_and_does_not_creep() -> None:
+def test_soak_loses_nothing_and_does_not_creep() -> None:
     proc = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "soak.py"), "--minutes", str(MINUTES)],
+        [
+            sys.executable,
+            str(REPO / "bench" / "soak.py"),
+            "--minutes",
+            str(MINUTES),
+            "--warmup-seconds",
+            str(WARMUP_SECONDS),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
