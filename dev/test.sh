@@ -8,6 +8,7 @@ setup_began=$SECONDS
 # shellcheck source=dev/setup.sh
 source dev/setup.sh
 export SPARK_LOCAL_IP=127.0.0.1
+export KTHROTTLE_QUICK_TOOLS=1   # Kafka's Java tools start with C1 only (dev/harness.py java_command)
 echo "== setup took $((SECONDS - setup_began)) s (virtualenv, Kafka jars, helm; cached after the first run)" >&2
 
 lint_began=$SECONDS
