@@ -54,7 +54,7 @@ def test_producer_id_storm_is_slowed_and_others_are_not(sasl_cluster: KafkaClust
             "false_positive_rate": 0.01,
         },
     }
-    duration, steady_from = 22.0, 7.0
+    duration, steady_from = 18.0, 6.0
     with ProxyProcess(cfg, workdir=tmp_path) as proxy:
         result = producer_id_storm(
             proxy.bootstrap, _sasl("alice"), _sasl("bob"), storm_topic, steady_topic, duration

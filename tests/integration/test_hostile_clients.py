@@ -96,7 +96,7 @@ USERS = {"alice": "alice-secret"}
 QUOTA = 256 * KiB
 WINDOWS, WINDOW_SIZE_S = 5, 0.5  # a 2.5 s quota cycle: each rotation (2 s) lands inside the last one's
 CYCLE = WINDOWS * WINDOW_SIZE_S
-STEADY_FROM, RUN_SECONDS = 4.0, 18.0
+STEADY_FROM, RUN_SECONDS = 4.0, 14.0
 
 
 @pytest.fixture(scope="module")

@@ -75,7 +75,7 @@ def steady_rate(samples: list[tuple[float, float]], t_from: float, t_to: float, 
 WINDOW = {"num": 11, "size_seconds": 0.5}
 CYCLE = 11 * 0.5
 STEADY = (8.0, 20.0)  # after the JVM's start and the initial burst the padded window allows
-DEFAULT_WINDOW_STEADY = (12.0, 45.0)  # Kafka's 11 x 1 s window: three 11 s cycles after the burst
+DEFAULT_WINDOW_STEADY = (12.0, 34.0)  # Kafka's 11 x 1 s window: two 11 s cycles after the burst
 
 
 def _quotas(**entities: object) -> dict[str, object]:

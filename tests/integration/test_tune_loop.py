@@ -106,7 +106,7 @@ def test_capture_tune_apply(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
     capture = {"enabled": True, "directory": str(capture_dir), "instance": "loop", "max_file_seconds": 10}
     before = ProxyProcess(gateway_config(kafka_broker, capture=capture), workdir=tmp_path / "before")
     with before as proxy, heavy_producer(proxy.bootstrap, topic, "heavy"):
-        steady_producers(proxy.bootstrap, topic, steady, seconds=20)
+        steady_producers(proxy.bootstrap, topic, steady, seconds=15)
     rows = captured(capture_dir)
     assert {r["client_id"] for r in rows if r["api_key"] == ApiKey.PRODUCE} >= {"heavy", *steady}
 
@@ -120,7 +120,7 @@ def test_capture_tune_apply(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
     cfg = gateway_config(kafka_broker, quotas_file=str(out / "quotas.yaml"))
     with ProxyProcess(cfg, workdir=tmp_path / "after") as proxy:
         with heavy_producer(proxy.bootstrap, topic, "heavy"):
-            watches = steady_producers(proxy.bootstrap, topic, steady, seconds=15)
+            watches = steady_producers(proxy.bootstrap, topic, steady, seconds=10)
         heavy = proxy.metric(
             "kthrottle_client_throttle_time_ms_total", {"direction": "produce", "client_id": "heavy"}
         )
