@@ -270,6 +270,8 @@ def _topic_readiness(node: KafkaNode, topic: str, partitions: int) -> str:
             frame = stream.read(size)
     except (OSError, struct.error) as exc:
         return f"no answer: {exc!r}"
+    if len(frame) < size:
+        return f"connection closed after {len(frame)} of {size} bytes"
     resp = messages.decode_response(
         ApiKey.METADATA, version, memoryview(frame)[response_header_size(ApiKey.METADATA, version, frame) :]
     )
@@ -573,6 +575,7 @@ class KafkaCluster:
         seen: dict[int, str] = {}
 
         def ready_everywhere() -> bool:
+            seen.clear()  # only the nodes running now count; one stopped meanwhile is not waited for
             for node in self.nodes:
                 if node.running:
                     seen[node.node_id] = _topic_readiness(node, name, partitions)
