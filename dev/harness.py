@@ -13,6 +13,7 @@ import argparse
 import atexit
 import base64
 import contextlib
+import hashlib
 import logging
 import os
 import secrets
@@ -104,11 +105,50 @@ def _java() -> str:
     return shutil.which("java") or "java"
 
 
+def _javac() -> str:
+    """The javac beside the java that runs the tools, so classes and runtime agree."""
+    beside = Path(_java()).resolve().parent / "javac"
+    return str(beside) if beside.exists() else shutil.which("javac") or "javac"
+
+
+def compiled_java_source(source: Path) -> tuple[Path, str]:
+    """Compile a single-file Java program against the Kafka jars once, and reuse the classes.
+
+    ``java File.java`` compiles in memory at every launch (about a CPU-second each on a 2-core box);
+    the classes are kept under the cache, keyed by the source and the jar directory, so a test that
+    runs a small admin program twenty times compiles it once. Returns (class directory, main class).
+    """
+    libs = kafka_libs()
+    key = hashlib.sha256(source.read_bytes() + str(libs).encode()).hexdigest()[:12]
+    cache = Path(os.environ.get("KTHROTTLE_CACHE", Path.home() / ".cache" / "kthrottle"))
+    classes = cache / "java-classes" / f"{source.stem}-{key}"
+    done = classes / ".complete"
+    if not done.exists():
+        classes.parent.mkdir(parents=True, exist_ok=True)
+        building = Path(tempfile.mkdtemp(prefix=f".{source.stem}-", dir=classes.parent))
+        proc = subprocess.run(
+            [_javac(), "-nowarn", "-d", str(building), "-cp", f"{libs}/*", str(source)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            shutil.rmtree(building, ignore_errors=True)
+            raise KafkaHarnessError(f"javac {source} failed:\n{proc.stdout}{proc.stderr}")
+        (building / ".complete").touch()
+        try:
+            building.rename(classes)  # atomic: a parallel compile of the same key simply loses
+        except OSError:
+            shutil.rmtree(building, ignore_errors=True)
+    return classes, source.stem
+
+
 def java_command(main_class: str, *args: str, heap: str = "512m", log_dir: Path | None = None) -> list[str]:
     """The java command line Kafka's bin/ scripts would build, with a small heap for a 2-core test box.
 
     Logging goes to ``<log_dir>/server.log`` at INFO when ``log_dir`` is given (brokers), else to stderr at
-    WARN (tools), so tool stdout stays parseable.
+    WARN (tools), so tool stdout stays parseable. A ``.java`` path runs that single-file program, compiled
+    once (``compiled_java_source``).
     """
     cmd = [_java(), f"-Xmx{heap}"]
     if log_dir is None and os.environ.get("KTHROTTLE_QUICK_TOOLS") == "1":
@@ -131,7 +171,11 @@ def java_command(main_class: str, *args: str, heap: str = "512m", log_dir: Path 
             f"-Dkthrottle.log.dir={log_dir}",
             f"-Dkafka.logs.dir={log_dir}",
         ]
-    cmd += ["-cp", f"{kafka_libs()}/*", TOOL_ALIASES.get(main_class, main_class), *args]
+    classpath = f"{kafka_libs()}/*"
+    if main_class.endswith(".java"):
+        classes, main_class = compiled_java_source(Path(main_class))
+        classpath = f"{classes}{os.pathsep}{classpath}"
+    cmd += ["-cp", classpath, TOOL_ALIASES.get(main_class, main_class), *args]
     return cmd
 
 
