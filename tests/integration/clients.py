@@ -218,3 +218,21 @@ def stop_greedy_producer(producer: Any, timeout: float = 30) -> None:
     producer.purge(in_queue=True, in_flight=True)
     left = producer.flush(timeout)
     assert left == 0, f"{left} records still unreported {timeout} s after the purge"
+
+
+def close_kafka_python_producer(producer: Any, timeout: float = 5) -> None:
+    """Close a kafka-python producer whose records may never be delivered (the proxy is gone, or
+    a greedy producer's backlog outlasts the test), leaving no sender thread behind.
+
+    kafka-python's ``close(timeout)`` flushes first and raises at the flush timeout before it stops
+    anything, so the sender thread would go on retrying for the rest of the session and the
+    producer's ``__del__`` would raise again later, in whichever test collects it. What is left is
+    failed as kafka-python's own force close does, then the producer is closed."""
+    from kafka.errors import KafkaTimeoutError
+
+    try:
+        producer.close(timeout)
+    except KafkaTimeoutError:
+        producer._sender.force_close()
+        producer._accumulator.abort_incomplete_batches()
+        producer.close(0)

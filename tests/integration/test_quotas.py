@@ -18,7 +18,7 @@ import pytest
 from dev.harness import KafkaCluster, java_command
 from dev.proxy_process import ProxyProcess, gateway_config
 from dev.waiting import wait_until
-from tests.integration.clients import delivery_errors_into, stop_greedy_producer
+from tests.integration.clients import close_kafka_python_producer, delivery_errors_into, stop_greedy_producer
 
 pytestmark = pytest.mark.integration
 
@@ -458,8 +458,7 @@ def test_pre_kip219_client_is_held_by_muting(kafka_broker: KafkaCluster, tmp_pat
         finally:
             stop.set()
             worker.join(30)
-            with contextlib.suppress(Exception):  # what is still buffered may not make it in time
-                producer.close(timeout=5)
+            close_kafka_python_producer(producer)  # what is still buffered may not make it in time
             sampler.close()
         rate = steady_rate([(t, n * 1024) for t, n in sampler.samples], *STEADY, cycle=CYCLE)
         assert abs(rate - quota) / quota < 0.15, (
