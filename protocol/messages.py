@@ -223,11 +223,31 @@ class PartitionBytes:
     producer_ids: set[int] = field(default_factory=set)
 
 
+ZERO_TOPIC_ID = bytes(16)
+
+
 def _topic_key(topic: dict[str, Any]) -> str | bytes:
+    """A topic's name (``name`` in Produce, ``topic`` in Fetch v4-12), else its 16-byte id (Produce
+    v13+ and Fetch v13+ address topics by id only; ``proxy/topic_names.py`` maps it to the name)."""
     name = topic.get("name")
+    if name is None:
+        name = topic.get("topic")
     if name is not None:
         return str(name)
     return bytes(topic.get("topic_id", b""))
+
+
+def metadata_topic_ids(resp: dict[str, Any]) -> list[tuple[bytes, str]]:
+    """(topic id, name) of every topic a Metadata response (v10+) shows with both and no error."""
+    pairs = []
+    for topic in resp.get("topics") or []:
+        name, tid = topic.get("name"), topic.get("topic_id")
+        if name is None or tid is None or int(topic.get("error_code", 0)) != 0:
+            continue
+        tid = bytes(tid)
+        if tid != ZERO_TOPIC_ID:
+            pairs.append((tid, str(name)))
+    return pairs
 
 
 def produce_request_partitions(req: dict[str, Any]) -> list[PartitionBytes]:

@@ -53,7 +53,7 @@ class CaptureDraft:
         "mutations",
         "mutations_rejected",
         "new_producer_ids",
-        "partitions",
+        "parts",
         "producer_ids",
         "request_bytes",
         "response_bytes",
@@ -64,7 +64,7 @@ class CaptureDraft:
         self.ts_ms = ts_ms
         self.request_bytes = request_bytes
         self.response_bytes = 0
-        self.partitions: list[tuple[str, int, int, int]] = []
+        self.parts: Sequence[messages.PartitionBytes] = ()  # rendered at row(): ids may get names
         self.producer_ids: list[int] = []
         self.new_producer_ids = NOT_READ
         self.mutations = NOT_READ
@@ -78,15 +78,19 @@ class CaptureDraft:
         return cls(int(time.time() * 1000), frame_size)
 
     def on_produce(self, parts: Sequence[messages.PartitionBytes], new_ids: int, decided_ms: int) -> None:
-        self.partitions = _partition_rows(parts)
+        self.parts = parts
         self.producer_ids = sorted({pid for p in parts for pid in p.producer_ids})
         self.new_producer_ids = new_ids
         self.decided_throttle_ms = max(self.decided_throttle_ms, decided_ms)
 
     def on_fetch(self, parts: Sequence[messages.PartitionBytes], decided_ms: int) -> None:
         """What a fetch response returned, per partition, and the throttle decided on it."""
-        self.partitions = _partition_rows(parts)
+        self.parts = parts
         self.decided_throttle_ms = max(self.decided_throttle_ms, decided_ms)
+
+    def unnamed(self) -> list[messages.PartitionBytes]:
+        """Partitions whose topic is still an id (a lookup may name them before the row is made)."""
+        return [p for p in self.parts if isinstance(p.topic, bytes)]
 
     def on_mutation(self, costs: Sequence[int], accepted: Sequence[bool], decided_ms: int) -> None:
         self.mutations = sum(costs)
@@ -129,7 +133,7 @@ class CaptureDraft:
             api_version,
             self.request_bytes,
             self.response_bytes,
-            self.partitions,
+            _partition_rows(self.parts),
             self.producer_ids,
             self.new_producer_ids,
             self.mutations,

@@ -106,6 +106,15 @@ class ProxyMetrics:
             ["result"],
             registry=r,
         )
+        self.topic_ids = Counter(
+            "kthrottle_topic_ids",
+            "Topics addressed by id (Produce/Fetch v13+) whose name the proxy did not know yet, by "
+            "outcome: unresolved (met in a request: looked up, its bytes charged once found), "
+            "resolved (found by the proxy's own Metadata request), unknown (the cluster has no such "
+            "topic: its bytes count towards no topic quota and capture keeps the id)",
+            ["outcome"],
+            registry=r,
+        )
         self._per_api: dict[int, tuple[Counter, Counter, Counter, Histogram]] = {}
 
     def api(self, api_key: int) -> tuple[Counter, Counter, Counter, Histogram]:

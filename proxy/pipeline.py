@@ -812,25 +812,35 @@ class Pipeline:
         client_id: str,
         throttle_ms: int,
         upstream_ms: float,
+        waited: bool = False,
     ) -> None:
-        """Hand one finished capture record to the writer (it never blocks)."""
+        """Hand one finished capture record to the writer (it never blocks). A record with topics
+        still named by id waits once for the lookup under way, so the capture shows names."""
         capture = self.server.capture
-        if capture is not None:
-            capture.record(
-                draft.row(
-                    capture.instance,
-                    self.node_id,
-                    self.id,
-                    self.peer,
-                    self.user,
-                    client_id,
-                    key,
-                    version,
-                    throttle_ms,
-                    upstream_ms,
-                    self.server.enforcer.dry_run,
-                )
+        if capture is None:
+            return
+        if draft.unnamed():
+            lookup = self.server.topic_lookup
+            if lookup.running and not waited:
+                args = (draft, key, version, client_id, throttle_ms, upstream_ms, True)
+                lookup.after(lambda: self._emit(*args))
+                return
+            self.server.topic_names.rename(draft.parts)  # what is left keeps its id (counted)
+        capture.record(
+            draft.row(
+                capture.instance,
+                self.node_id,
+                self.id,
+                self.peer,
+                self.user,
+                client_id,
+                key,
+                version,
+                throttle_ms,
+                upstream_ms,
+                self.server.enforcer.dry_run,
             )
+        )
 
     def _prepare_fetch(self, frame: bytearray, header: RequestHeader, client_id: str) -> FetchRequestInfo:
         """Note the fetch session (for a throttled answer) and cap max_bytes as Kafka does."""
@@ -1033,7 +1043,12 @@ class Pipeline:
         if entry.capture is not None:
             entry.capture.on_response(body)
             if key == ApiKey.FETCH and entry.fetch is None:  # no quota reads it: capture alone
-                entry.capture.on_fetch(messages.fetch_response_partitions(body), 0)
+                parts = messages.fetch_response_partitions(body)
+                unknown = self.server.topic_names.rename(parts)
+                if unknown:
+                    self.metrics.topic_ids.labels("unresolved").inc(len(unknown))
+                    self.server.topic_lookup.wanted()
+                entry.capture.on_fetch(parts, 0)
         if entry.fetch is not None:
             enforcer = self.server.enforcer
             charge = enforcer.on_fetch_response(
@@ -1058,6 +1073,8 @@ class Pipeline:
                 out += messages.encode_response(key, version, admission.merged(state, body))
                 return out
         changed = 0
+        if key == ApiKey.METADATA:
+            self.server.topic_names.learn(messages.metadata_topic_ids(body))
         if addresses:
             if key == ApiKey.API_VERSIONS:
                 messages.intersect_api_versions(body)

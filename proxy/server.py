@@ -20,6 +20,8 @@ from proxy.ratelog import RateLimitedLog
 from proxy.throttling import QuotaEnforcer
 from proxy.tls import ListenerTlsContext, upstream_context
 from proxy.topic_catalog import TopicCatalog
+from proxy.topic_lookup import TopicIdLookup
+from proxy.topic_names import TopicNames
 from proxy.upstream_client import PlainCredentials, UpstreamLogin, fetch_brokers
 from proxy.volume_service import VolumeService
 from quota.entities import any_cluster_scope
@@ -48,13 +50,16 @@ class ProxyServer:
         self.tls = ListenerTlsContext(cfg.tls, on_failure=self._handshake_failed) if cfg.tls.enabled else None
         self.upstream_tls = upstream_context(cfg.upstream_tls)
         self.brokers = BrokerDirectory(cfg, on_new_node=self._on_new_node)
-        self.enforcer = QuotaEnforcer(cfg.quotas, self.metrics)
+        self.topic_names = TopicNames()
+        self.enforcer = QuotaEnforcer(cfg.quotas, self.metrics, topic_names=self.topic_names)
         self.catalog = TopicCatalog(
             lambda: [*self.brokers.real.values(), *self.brokers.bootstrap],
             lambda: sorted(self.brokers.real),
             cfg.connect_timeout_seconds,
             self.upstream_login,
         )
+        self.topic_lookup = TopicIdLookup(self.catalog, self.topic_names, self.enforcer)
+        self.enforcer.lookup_topic_ids = self.topic_lookup.wanted
         self.metrics.registry.register(QuotaCollector(self.enforcer, cfg.quotas.metrics_max_series))
         self.capture = self._capture_writer(cfg) if cfg.capture.enabled else None
         self.volume = (
@@ -251,6 +256,7 @@ class ProxyServer:
                     await task
         for task in list(self._opening.values()):
             task.cancel()
+        self.topic_lookup.close()
         for listener in self.listeners.values():
             if listener.server is not None:
                 with contextlib.suppress(Exception):

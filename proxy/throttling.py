@@ -19,6 +19,7 @@ from protocol.errors import ErrorCode
 from protocol.schema import message_codec
 from proxy.metrics import ProxyMetrics
 from proxy.ratelog import RateLimitedLog
+from proxy.topic_names import TopicNames
 from quota.config import QuotaConfig
 from quota.connections import ConnectionRateQuotas
 from quota.manager import ByteRateQuotas, Decision, PartitionUsage
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 throttle_log = RateLimitedLog(log)
 
+MAX_UNRESOLVED_CHARGES = 10_000  # requests' worth of bytes waiting for a topic id lookup
 INVALID_SESSION_ID = 0
 INITIAL_EPOCH = 0
 FINAL_EPOCH = -1
@@ -59,13 +61,21 @@ class FetchCharge(NamedTuple):
 
 
 class QuotaEnforcer:
-    """Shared by all pipelines of one proxy: the quota state and the clock."""
+    """Shared by all pipelines of one proxy: the quota state, the topic names and the clock."""
 
     def __init__(
-        self, cfg: QuotaConfig, metrics: ProxyMetrics, clock: Callable[[], float] = time.monotonic
+        self,
+        cfg: QuotaConfig,
+        metrics: ProxyMetrics,
+        clock: Callable[[], float] = time.monotonic,
+        topic_names: TopicNames | None = None,
     ) -> None:
         self.clock = clock
         self.metrics = metrics
+        self.topic_names = topic_names if topic_names is not None else TopicNames()
+        # Partition bytes addressed by an id not known yet: charged once the lookup names them.
+        self._unresolved: list[tuple[ByteRateQuotas, list[messages.PartitionBytes]]] = []
+        self.lookup_topic_ids: Callable[[], None] = lambda: None  # the server starts a Metadata lookup
         now = self.now_ms()
         self.cfg = cfg
         self.produce = ByteRateQuotas(cfg, produce=True, now_ms=now)
@@ -111,6 +121,7 @@ class QuotaEnforcer:
         """Charge a Produce request (header + body bytes; per-partition record bytes; producer ids
         new to the user, KIP-936). The throttle decided is the largest of the quotas it is over."""
         partitions = messages.produce_request_partitions(body)
+        self._name_topics(self.produce, partitions)
         now = self.now_ms()
         decision = self.produce.record(user, client_id, request_size, _usage(partitions), now)
         self._count(ApiKey.PRODUCE, decision, user, client_id)
@@ -147,6 +158,7 @@ class QuotaEnforcer:
         throttle = 0
         decision: Decision | None = None
         parts = messages.fetch_response_partitions(body)
+        waiting = self._name_topics(self.fetch, parts)
         usage = _usage(parts)
         if self.fetch.active:
             decision = self.fetch.record(user, client_id, response_size, usage, now)
@@ -156,7 +168,56 @@ class QuotaEnforcer:
             throttle = max(throttle, self.on_request_time(user, client_id, ApiKey.FETCH, busy))
         if throttle and decision is not None and not self.dry_run:
             self.fetch.unrecord(decision, response_size, usage, now)
+            if waiting is not None:  # answered empty: those bytes never reach the client either
+                self._unresolved.remove(waiting)
         return FetchCharge(throttle, parts)
+
+    # --- topic ids (Produce and Fetch v13+) ----------------------------------------------------
+
+    def _name_topics(
+        self, table: ByteRateQuotas, parts: list[messages.PartitionBytes]
+    ) -> tuple[ByteRateQuotas, list[messages.PartitionBytes]] | None:
+        """Give ``parts`` their topic names; bytes under an id not known yet wait for the lookup
+        (counted, never dropped: ``names_found`` charges them to their topic quotas)."""
+        unknown = self.topic_names.rename(parts)
+        if not unknown:
+            return None
+        self.metrics.topic_ids.labels("unresolved").inc(len(unknown))
+        waiting = None
+        if table.active:
+            if len(self._unresolved) >= MAX_UNRESOLVED_CHARGES:
+                # A lookup that never ends: the oldest bytes give way, and say so.
+                self._give_up(self._unresolved.pop(0)[1], "too many waiting for a lookup")
+            waiting = (table, unknown)
+            self._unresolved.append(waiting)
+        self.lookup_topic_ids()
+        return waiting
+
+    def names_found(self) -> None:
+        """The lookup finished: charge the waiting bytes whose ids now have names; the rest name no
+        topic of the cluster (deleted meanwhile) and are counted and logged."""
+        waiting, self._unresolved = self._unresolved, []
+        now = self.now_ms()
+        for table, parts in waiting:
+            unknown = self.topic_names.rename(parts)
+            named = [p for p in parts if isinstance(p.topic, str)]
+            if named:
+                self.metrics.topic_ids.labels("resolved").inc(len(named))
+                table.record_partitions(_usage(named), now)
+            if unknown:
+                self._give_up(unknown, "the cluster has no topic with that id")
+
+    def _give_up(self, parts: list[messages.PartitionBytes], why: str) -> None:
+        self.metrics.topic_ids.labels("unknown").inc(len(parts))
+        ids = sorted({p.topic.hex() for p in parts if isinstance(p.topic, bytes)})
+        throttle_log.log(
+            logging.WARNING,
+            "topic-ids",
+            "%d partitions' bytes under topic ids %s count towards no topic quota: %s",
+            len(parts),
+            ", ".join(ids[:5]),
+            why,
+        )
 
     def on_init_producer_id(self, user: str, client_id: str) -> int:
         """A user over producer_ids_rate has its InitProducerId answered with the throttle its next

@@ -16,6 +16,7 @@ from typing import Any
 
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
+from protocol.messages import metadata_topic_ids
 from protocol.mutations import TopicRef
 from proxy.upstream_client import METADATA_VERSION, UpstreamLogin, request
 
@@ -73,6 +74,15 @@ class TopicCatalog:
             if topic.get("topic_id"):
                 counts[topic["topic_id"]] = n
         return counts
+
+    async def topic_ids(self) -> list[tuple[bytes, str]]:
+        """(id, name) of every topic of the cluster (Metadata for all topics)."""
+        body: dict[str, Any] = {
+            "topics": None,
+            "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False,
+        }
+        return metadata_topic_ids(await self._ask(ApiKey.METADATA, METADATA_VERSION, body))
 
     async def default_partitions(self) -> int:
         """The cluster's num.partitions (what CreateTopics with -1 partitions gets)."""

@@ -126,6 +126,17 @@ class ByteRateQuotas:
                 client_quota = self.cluster.share(self.kind, bucket, client_quota, measured, now_ms)
             client_ms = throttle_time_ms(measured, client_quota, rate.window_ms(now_ms))
         rate.throttled_ms += client_ms
+        part_ms, worst = self.record_partitions(partitions, now_ms)
+        self.maybe_expire(now_ms)
+        return Decision(max(client_ms, part_ms), client_ms, part_ms, bucket, match, measured, worst)
+
+    def record_partitions(
+        self, partitions: Iterable[PartitionUsage], now_ms: float
+    ) -> tuple[int, PartitionKey | None]:
+        """Charge KIP-1010 topic-partition quotas alone; the largest throttle and its partition.
+
+        ``record`` calls it for every request; the proxy calls it by itself for bytes whose topic
+        was addressed by an id it had to look up first (charged once the name is known)."""
         part_ms = 0
         worst: PartitionKey | None = None
         for usage in partitions:
@@ -139,8 +150,7 @@ class ByteRateQuotas:
             prate.throttled_ms += ms
             if ms > part_ms:
                 part_ms, worst = ms, key
-        self.maybe_expire(now_ms)
-        return Decision(max(client_ms, part_ms), client_ms, part_ms, bucket, match, measured, worst)
+        return part_ms, worst
 
     def unrecord(
         self, decision: Decision, size: int, partitions: Iterable[PartitionUsage], now_ms: float
