@@ -106,6 +106,13 @@ class ProxyMetrics:
             ["result"],
             registry=r,
         )
+        self.entity_holds = Counter(
+            "kthrottle_entity_holds",
+            "Requests held, unread, because another connection of the same client (user, client id) "
+            "was throttled and its throttle has not passed yet: one quota across connections",
+            ["api"],
+            registry=r,
+        )
         self.topic_ids = Counter(
             "kthrottle_topic_ids",
             "Topics addressed by id (Produce/Fetch v13+) whose name the proxy did not know yet, by "

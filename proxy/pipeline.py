@@ -87,6 +87,7 @@ _THROTTLE_PENDING = "throttle-pending"  # a throttled request's response has not
 _ADMISSION = "admission"  # a mutation request is being priced: later requests wait behind it
 _VOLUME_PAUSE = "volume-pause"  # a produce is parked while the cluster's volumes are paused
 _QUOTA_API = "quota-api"  # a client-quota request is being answered: later requests wait behind it
+_BYTE_RATE_APIS = frozenset({ApiKey.PRODUCE, ApiKey.FETCH})
 _HOLD_REASONS = frozenset({_THROTTLE, _THROTTLE_PENDING, _ADMISSION, _VOLUME_PAUSE, _QUOTA_API})
 _QUOTA_API_KEYS = frozenset({ApiKey.DESCRIBE_CLIENT_QUOTAS, ApiKey.ALTER_CLIENT_QUOTAS})
 PAUSED_MESSAGE = "kthrottle: cluster volume usage is at its hard limit (PAUSE); retry later"
@@ -481,6 +482,15 @@ class Pipeline:
         fetch: FetchRequestInfo | None = None
         client_id = header.client_id or ""
         enforcer = self.server.enforcer
+        if key in _BYTE_RATE_APIS:
+            wait = enforcer.hold_ms(key == ApiKey.PRODUCE, self.user, client_id)
+            if wait:
+                # Another connection of this client is being throttled: this one waits too,
+                # before its request is read, as the throttled connection does.
+                self.metrics.entity_holds.labels(api_name(key) or str(key)).inc()
+                self.held.appendleft(frame)
+                self.mute(wait)
+                return
         if key == ApiKey.PRODUCE:
             try:
                 body = messages.decode_request(key, version, memoryview(frame)[header.size :])
@@ -1057,7 +1067,9 @@ class Pipeline:
             if entry.capture is not None:
                 entry.capture.on_fetch(charge.partitions, charge.throttle_ms)
             throttle_ms = 0 if enforcer.dry_run else charge.throttle_ms
-            if throttle_ms:
+            if throttle_ms and not charge.refuse:
+                entry.throttle_ms = max(entry.throttle_ms, throttle_ms)  # delivered, then muted
+            elif throttle_ms:
                 entry.throttle_ms = throttle_ms
                 broker_ms = int(body.get("throttle_time_ms", 0))
                 out = bytearray(frame[:hsize])

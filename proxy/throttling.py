@@ -8,6 +8,7 @@ the proxy answers at once with the throttle time and then mutes the client conne
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from proxy.ratelog import RateLimitedLog
 from proxy.topic_names import TopicNames
 from quota.config import QuotaConfig
 from quota.connections import ConnectionRateQuotas
+from quota.entities import Bucket
 from quota.manager import ByteRateQuotas, Decision, PartitionUsage
 from quota.mutations import MutationQuotas
 from quota.producer_ids import ProducerIdQuotas
@@ -58,6 +60,7 @@ class ProduceCharge(NamedTuple):
 class FetchCharge(NamedTuple):
     throttle_ms: int  # decided (the caller applies it unless in dry-run)
     partitions: list[messages.PartitionBytes]
+    refuse: bool = True  # answer empty with the throttle (Kafka); else deliver with it (steady)
 
 
 class QuotaEnforcer:
@@ -76,6 +79,9 @@ class QuotaEnforcer:
         # Partition bytes addressed by an id not known yet: charged once the lookup names them.
         self._unresolved: list[tuple[ByteRateQuotas, list[messages.PartitionBytes]]] = []
         self.lookup_topic_ids: Callable[[], None] = lambda: None  # the server starts a Metadata lookup
+        # One quota across connections and brokers: an entity over its byte-rate quota has every
+        # connection held until its throttle has passed (produce?, bucket) -> until (ms).
+        self._holds: dict[tuple[bool, Bucket], float] = {}
         now = self.now_ms()
         self.cfg = cfg
         self.produce = ByteRateQuotas(cfg, produce=True, now_ms=now)
@@ -96,6 +102,8 @@ class QuotaEnforcer:
         """Drop idle quota state even when no request comes to do it (each table expires on its
         own traffic otherwise, so a burst of client ids followed by silence would stay forever)."""
         now = self.now_ms()
+        for key in [k for k, until in self._holds.items() if until <= now]:
+            del self._holds[key]
         tables = (
             self.produce,
             self.fetch,
@@ -125,6 +133,7 @@ class QuotaEnforcer:
         now = self.now_ms()
         decision = self.produce.record(user, client_id, request_size, _usage(partitions), now)
         self._count(ApiKey.PRODUCE, decision, user, client_id)
+        self._hold(True, decision, now)
         throttle = decision.throttle_ms
         new_ids = -1
         if self.producer_ids.active:
@@ -142,7 +151,10 @@ class QuotaEnforcer:
     # --- fetch -------------------------------------------------------------------------------
 
     def fetch_cap(self, user: str, client_id: str) -> int | None:
-        return self.fetch.max_bytes_in_window(user, client_id)
+        """What a Fetch's max_bytes is lowered to (None: leave it): ``fetch_allowance``."""
+        if self.dry_run:
+            return self.fetch.max_bytes_in_window(user, client_id)
+        return self.fetch.fetch_allowance(user, client_id, self.now_ms())
 
     def on_fetch_response(
         self, user: str, client_id: str, response_size: int, body: dict[str, Any], busy: float | None
@@ -150,7 +162,9 @@ class QuotaEnforcer:
         """Charge a fetch response (its bytes; its upstream time when ``busy`` is given); the
         throttle decided is what to answer it with (0: let it through).
 
-        As Kafka does, a fetch over either quota is answered empty, so its bytes are taken back.
+        As Kafka does, a fetch over either quota is answered empty, so its bytes are taken back;
+        except one sized to the client's quota by steady shaping (``fetch_cap``), which is
+        delivered with its throttle: nothing fetched is thrown away.
         The time of a fetch that came back without records is not charged: the broker was
         waiting out max_wait_ms, not working.
         """
@@ -163,14 +177,56 @@ class QuotaEnforcer:
         if self.fetch.active:
             decision = self.fetch.record(user, client_id, response_size, usage, now)
             self._count(ApiKey.FETCH, decision, user, client_id)
+            self._hold(False, decision, now)
             throttle = decision.throttle_ms
+        request_ms = 0
         if busy is not None and any(p.size for p in parts):
-            throttle = max(throttle, self.on_request_time(user, client_id, ApiKey.FETCH, busy))
-        if throttle and decision is not None and not self.dry_run:
+            request_ms = self.on_request_time(user, client_id, ApiKey.FETCH, busy)
+            throttle = max(throttle, request_ms)
+        # A fetch sized to the quota beforehand (steady shaping) goes out with its throttle; any
+        # other throttle refuses it whole, as Kafka does.
+        shaped = decision is not None and decision.shaped and decision.partition_throttle_ms == 0
+        deliver = shaped and not request_ms
+        refuse = bool(throttle) and not deliver
+        if refuse and decision is not None and not self.dry_run:
             self.fetch.unrecord(decision, response_size, usage, now)
             if waiting is not None:  # answered empty: those bytes never reach the client either
                 self._unresolved.remove(waiting)
-        return FetchCharge(throttle, parts)
+        return FetchCharge(throttle, parts, refuse)
+
+    # --- one quota across connections ----------------------------------------------------------
+
+    def _hold(self, produce: bool, decision: Decision, now: float) -> None:
+        """Remember an entity's throttle, so its other connections are held until it has passed.
+
+        A broker enforces its own copy of a quota on its own connections; the proxy sees every
+        connection of a client to every broker and holds them all, so neither parallel
+        connections nor another broker's share let the client past its quota."""
+        if decision.client_throttle_ms <= 0 or self.dry_run:
+            return
+        key = (produce, decision.bucket)
+        until = now + decision.client_throttle_ms
+        if until > self._holds.get(key, 0.0):
+            self._holds[key] = until
+
+    def hold_ms(self, produce: bool, user: str, client_id: str) -> int:
+        """How long a Produce (or Fetch) of this entity must wait before it is read: the rest of
+        a throttle decided on another of its connections (0: go on)."""
+        if not self._holds:
+            return 0
+        table = self.produce if produce else self.fetch
+        match = table.match(user, client_id)
+        if match is None:
+            return 0
+        key = (produce, match.bucket)
+        until = self._holds.get(key)
+        if until is None:
+            return 0
+        left = until - self.now_ms()
+        if left <= 0:
+            del self._holds[key]
+            return 0
+        return math.ceil(left)
 
     # --- topic ids (Produce and Fetch v13+) ----------------------------------------------------
 

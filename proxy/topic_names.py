@@ -15,12 +15,15 @@ from collections.abc import Iterable
 
 from protocol.messages import ZERO_TOPIC_ID, PartitionBytes
 
+MAX_TOPICS = 200_000  # ids kept; past it the least recently shown go (a lookup finds them again)
+
 
 class TopicNames:
     """id -> name, one name per id and one live id per name (a re-created topic gets a new id)."""
 
-    def __init__(self) -> None:
-        self._names: dict[bytes, str] = {}
+    def __init__(self, max_topics: int = MAX_TOPICS) -> None:
+        self.max_topics = max_topics
+        self._names: dict[bytes, str] = {}  # in the order last shown: deleted topics age out
         self._ids: dict[str, bytes] = {}
 
     def __len__(self) -> int:
@@ -42,11 +45,15 @@ class TopicNames:
             old = self._ids.get(name)
             if old is not None and old != topic_id:
                 self._names.pop(old, None)  # deleted and re-created: the old id names nothing now
-            stale = self._names.get(topic_id)
+            stale = self._names.pop(topic_id, None)
             if stale is not None and stale != name:
                 self._ids.pop(stale, None)
             self._names[topic_id] = name
             self._ids[name] = topic_id
+        if len(self._names) > self.max_topics:
+            # Topics created and deleted by the thousand (no DeleteTopics is watched for them).
+            for topic_id in list(self._names)[: len(self._names) - self.max_topics]:
+                self.forget(topic_id)
 
     def forget(self, topic_id: bytes) -> None:
         """The broker answered UNKNOWN_TOPIC_ID for it: it names nothing any more."""

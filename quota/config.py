@@ -5,6 +5,7 @@ Shape (YAML)::
     quotas:
       window: {num: 11, size_seconds: 1}       # quota.window.num / quota.window.size.seconds
       dry_run: false                           # compute and report throttles, apply none
+      fetch_shaping: steady                    # or kafka (QuotaConfig.fetch_shaping)
       users:
         alice:                                 # /config/users/alice
           producer_byte_rate: 1048576
@@ -115,6 +116,11 @@ class QuotaConfig(_Strict):
     producer_ids: ProducerIdOptions = Field(default_factory=ProducerIdOptions)
     ips: dict[str, IpQuotas] = Field(default_factory=dict)
     dry_run: bool = False
+    # How a consumer over consumer_byte_rate is held. steady: each Fetch is sized to what the
+    # entity may take now (a token bucket at the quota, holding Kafka's burst of quota x (num - 1)
+    # x size) and its bytes are delivered with the throttle they cost; kafka: as a broker does, a
+    # fetch is capped at quota x (num - 1) x size and one that goes over is answered empty.
+    fetch_shaping: Literal["steady", "kafka"] = "steady"
     users: dict[str, UserQuotas] = Field(default_factory=dict)
     clients: dict[str, ClientQuotas] = Field(default_factory=dict)
     topics: dict[str, TopicQuotas] = Field(default_factory=dict)

@@ -13,6 +13,7 @@ from quota.config import QuotaConfig
 from quota.entities import Bucket, Match, any_entity_quota, resolve, topic_quota
 from quota.keys import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from quota.rate import SampledRate, throttle_time_ms
+from quota.token_bucket import TokenBucket
 
 PartitionKey = tuple[str, int]
 
@@ -35,6 +36,9 @@ class Decision:
     match: Match | None
     client_rate: float
     worst_partition: PartitionKey | None = None
+    # The client throttle came from steady fetch shaping: the bytes go to the client with it
+    # (nothing refused), as the fetch was sized to the quota beforehand.
+    shaped: bool = False
 
     @property
     def throttled(self) -> bool:
@@ -52,6 +56,7 @@ class ByteRateQuotas:
         self.window = cfg.window.quota_window()
         self.clients: dict[Bucket, SampledRate] = {}
         self.partitions: dict[PartitionKey, SampledRate] = {}
+        self.shapers: dict[Bucket, TokenBucket] = {}  # steady fetch shaping, per client bucket
         self._matches: dict[tuple[str, str], Match | None] = {}
         self._topic_quotas: dict[str, float | None] = {}
         self._last_expiry_ms = now_ms
@@ -69,6 +74,7 @@ class ByteRateQuotas:
             self.window = window
             self.clients.clear()
             self.partitions.clear()
+            self.shapers.clear()
         self._matches.clear()
         self._topic_quotas.clear()
         self.cluster_buckets.clear()  # matched again, with the new scopes, at the next request
@@ -125,10 +131,31 @@ class ByteRateQuotas:
                 self.cluster_buckets.add(bucket)
                 client_quota = self.cluster.share(self.kind, bucket, client_quota, measured, now_ms)
             client_ms = throttle_time_ms(measured, client_quota, rate.window_ms(now_ms))
+        shaped = self._shaping(match)
+        if shaped:
+            assert match is not None
+            shaper = self._shaper(match, now_ms)
+            shaper.record(size, now_ms)
+            client_ms = shaper.throttle_ms(now_ms)
         rate.throttled_ms += client_ms
         part_ms, worst = self.record_partitions(partitions, now_ms)
         self.maybe_expire(now_ms)
-        return Decision(max(client_ms, part_ms), client_ms, part_ms, bucket, match, measured, worst)
+        return Decision(max(client_ms, part_ms), client_ms, part_ms, bucket, match, measured, worst, shaped)
+
+    def _shaping(self, match: Match | None) -> bool:
+        """Steady fetch shaping applies to this entity's fetches (not to cluster-scoped quotas,
+        whose share is decided per response from the other instances' rates)."""
+        steady = self.cfg.fetch_shaping == "steady"
+        return steady and not self.produce and match is not None and not match.cluster
+
+    def _shaper(self, match: Match, now_ms: float) -> TokenBucket:
+        burst = match.quota * self.window.max_value_factor_ms / 1000.0
+        shaper = self.shapers.get(match.bucket)
+        if shaper is None:
+            shaper = self.shapers[match.bucket] = TokenBucket(match.quota, burst, now_ms)
+        elif shaper.rate != match.quota or shaper.burst != burst:
+            shaper.reconfigure(match.quota, burst, now_ms)
+        return shaper
 
     def record_partitions(
         self, partitions: Iterable[PartitionUsage], now_ms: float
@@ -159,6 +186,9 @@ class ByteRateQuotas:
         rate = self.clients.get(decision.bucket)
         if rate is not None:
             rate.unrecord(size, now_ms)
+        shaper = self.shapers.get(decision.bucket) if decision.shaped else None
+        if shaper is not None:
+            shaper.record(-size, now_ms)
         for usage in partitions:
             prate = self.partitions.get((usage.topic, usage.partition))
             if prate is not None:
@@ -180,6 +210,25 @@ class ByteRateQuotas:
             return None
         return int(match.quota * self.window.max_value_factor_ms / 1000.0)
 
+    def fetch_allowance(self, user: str, client_id: str, now_ms: float) -> int | None:
+        """The most a Fetch may bring back now without putting its entity over the quota (None:
+        no quota applies): what the window still holds, within Kafka's cap of quota x (num - 1)
+        x size, and at least 1 byte (a broker then still returns the first batch, KIP-74).
+
+        Kafka caps a fetch at that much and answers a fetch that goes over empty, so a greedy
+        consumer sees bursts and then silence; sized to what is left, each fetch comes back
+        whole and the consumer sees its quota as a steady rate."""
+        match = self.match(user, client_id)
+        if match is None:
+            return None
+        cap = max(1, int(match.quota * self.window.max_value_factor_ms / 1000.0))
+        if not self._shaping(match):
+            return cap
+        # What the bucket holds now, but never less than one window sample's worth: a fetch the
+        # size of a few bytes would cost a round trip for nothing; the throttle settles the rest.
+        chunk = match.quota * self.window.size_ms / 1000.0
+        return max(1, min(cap, int(max(self._shaper(match, now_ms).tokens(now_ms), chunk))))
+
     def maybe_expire(self, now_ms: float) -> int:
         """Drop state idle for ``idle_expiry_seconds``; runs at most once a window."""
         if now_ms - self._last_expiry_ms < self.window.size_ms:
@@ -187,7 +236,7 @@ class ByteRateQuotas:
         self._last_expiry_ms = now_ms
         horizon = now_ms - self.cfg.idle_expiry_seconds * 1000.0
         dropped = 0
-        for table in (self.clients, self.partitions):
+        for table in (self.clients, self.partitions, self.shapers):
             stale = [k for k, r in table.items() if r.last_record_ms < horizon]
             for key in stale:
                 del table[key]  # type: ignore[arg-type]

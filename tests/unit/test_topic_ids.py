@@ -109,6 +109,16 @@ def test_names_follow_a_topic_deleted_and_re_created() -> None:
     assert len(names) == 1
 
 
+def test_names_stay_bounded_by_the_least_recently_shown() -> None:
+    names = TopicNames(max_topics=3)
+    ids = [uuid.uuid4().bytes for _ in range(4)]
+    names.learn([(ids[0], "a"), (ids[1], "b"), (ids[2], "c")])
+    names.learn([(ids[0], "a")])  # shown again: now the most recent
+    names.learn([(ids[3], "d")])
+    assert len(names) == 3 and names.name(ids[1]) is None
+    assert [names.name(i) for i in (ids[0], ids[2], ids[3])] == ["a", "c", "d"]
+
+
 # --- quotas: topic-partition byte rates by name, whatever the version --------------------------
 
 
