@@ -75,7 +75,6 @@ def steady_rate(samples: list[tuple[float, float]], t_from: float, t_to: float, 
 WINDOW = {"num": 11, "size_seconds": 0.5}
 CYCLE = 11 * 0.5
 STEADY = (8.0, 20.0)  # after the JVM's start and the initial burst the padded window allows
-DEFAULT_WINDOW_STEADY = (12.0, 34.0)  # Kafka's 11 x 1 s window: two 11 s cycles after the burst
 
 
 def _quotas(**entities: object) -> dict[str, object]:
@@ -183,13 +182,11 @@ def test_aiokafka_consumer_held_to_its_quota(kafka_broker: KafkaCluster, tmp_pat
 
     from aiokafka import AIOKafkaConsumer
 
-    topic = _filled_topic(kafka_broker, "q-fetch-aio", mib=80)
-    # Kafka's default window (11 x 1 s) here: a fetch that would go over is refused whole, as the
-    # broker does, and with half-second windows those empty answers cost aiokafka ~18% of its
-    # quota. Shaping fetches to the quota (issue 16) removes that; until then this test keeps the
-    # default window, where the refusals are rarer, as on a broker.
+    topic = _filled_topic(kafka_broker, "q-fetch-aio")
+    # Steady fetch shaping sizes each fetch to the quota, so half-second windows cost aiokafka
+    # nothing (refused whole, as a broker does, those empty answers cost it ~18% of its quota).
     quota = MiB
-    quotas = {"clients": {"slow-aiokafka": {"consumer_byte_rate": quota}}}
+    quotas = _quotas(clients={"slow-aiokafka": {"consumer_byte_rate": quota}})
     with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
 
         async def consume() -> list[tuple[float, float]]:
@@ -206,7 +203,7 @@ def test_aiokafka_consumer_held_to_its_quota(kafka_broker: KafkaCluster, tmp_pat
             marks: list[tuple[float, float]] = []
             start = time.monotonic()
             try:
-                while time.monotonic() - start < DEFAULT_WINDOW_STEADY[1]:
+                while time.monotonic() - start < STEADY[1]:
                     batch = await consumer.getmany(timeout_ms=250)
                     got += sum(len(r.value or b"") for records in batch.values() for r in records)
                     marks.append((time.monotonic() - start, float(got)))
@@ -215,7 +212,7 @@ def test_aiokafka_consumer_held_to_its_quota(kafka_broker: KafkaCluster, tmp_pat
             return marks
 
         marks = asyncio.run(consume())
-        rate = steady_rate(marks, *DEFAULT_WINDOW_STEADY)
+        rate = steady_rate(marks, *STEADY, cycle=CYCLE)
         assert abs(rate - quota) / quota < 0.15, f"steady aiokafka fetch rate {rate / 1024:.0f} KiB/s"
         assert proxy.metric("kthrottle_throttled_requests_total", {"api": "Fetch", "mode": "applied"}) > 0
 
