@@ -399,10 +399,16 @@ class Pipeline:
 
     def resume_client(self, reason: str) -> None:
         self._client_pauses.discard(reason)
-        if not self._client_pauses and not self.closed:
-            self.client.resume_reading()
-            if self.frame_started is not None:
-                self.frame_started = self.loop.time()  # the pause was ours, not the client's
+        if self._client_pauses or self.closed:
+            return
+        if self.held:
+            # Requests read while held go first; one of them may hold the connection again, and
+            # then nothing newer may be read before it.
+            self._release_held()
+            return
+        self.client.resume_reading()
+        if self.frame_started is not None:
+            self.frame_started = self.loop.time()  # the pause was ours, not the client's
 
     def frame_overdue(self, now: float, timeout: float) -> bool:
         """True when a request frame has been arriving for longer than ``timeout`` seconds of
@@ -875,8 +881,6 @@ class Pipeline:
     def _unmute(self) -> None:
         self._mute_handle = None
         self._mute_until = 0.0
-        self._client_pauses.discard(_THROTTLE)
-        self._release_held()
         self.resume_client(_THROTTLE)
 
     def _release_held(self) -> None:
@@ -885,6 +889,8 @@ class Pipeline:
             self._request(self.held.popleft())
         if not self._client_pauses and not self.closed:
             self.client.resume_reading()
+            if self.frame_started is not None:
+                self.frame_started = self.loop.time()
 
     @property
     def _holding(self) -> bool:

@@ -77,6 +77,28 @@ CYCLE = 11 * 0.5
 STEADY = (8.0, 20.0)  # after the JVM's start and the initial burst the padded window allows
 
 
+def perf_producer_command(bootstrap: str, topic: str, client_id: str, *options: str) -> list[str]:
+    """Kafka's perf producer sending 30 MiB of 1 KiB records as fast as it is let (acks=1): it
+    finishes a few seconds after the steady span at a 1 MiB/s quota."""
+    return java_command(
+        "org.apache.kafka.tools.ProducerPerformance",
+        "--topic",
+        topic,
+        "--num-records",
+        str(30 * MiB // 1024),
+        "--record-size",
+        "1024",
+        "--throughput",
+        "-1",
+        *options,
+        "--producer-props",
+        f"bootstrap.servers={bootstrap}",
+        f"client.id={client_id}",
+        "acks=1",
+        "linger.ms=5",
+    )
+
+
 def _quotas(**entities: object) -> dict[str, object]:
     return {"window": WINDOW, **entities}
 
@@ -88,24 +110,7 @@ def test_java_producer_held_to_its_quota(kafka_broker: KafkaCluster, tmp_path: P
     quotas = _quotas(clients={"throttled-producer": {"producer_byte_rate": MiB}})
     with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
         record = 1024
-        records = 30 * MiB // record  # finishes a few seconds after the steady span
-        cmd = java_command(
-            "org.apache.kafka.tools.ProducerPerformance",
-            "--topic",
-            topic,
-            "--num-records",
-            str(records),
-            "--record-size",
-            str(record),
-            "--throughput",
-            "-1",
-            "--print-metrics",
-            "--producer-props",
-            f"bootstrap.servers={proxy.bootstrap}",
-            "client.id=throttled-producer",
-            "acks=1",
-            "linger.ms=5",
-        )
+        cmd = perf_producer_command(proxy.bootstrap, topic, "throttled-producer", "--print-metrics")
         sampler = OffsetSampler(kafka_broker, topic)
         start = time.monotonic()
         perf = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -427,6 +432,7 @@ def test_client_without_quota_is_unaffected(kafka_broker: KafkaCluster, tmp_path
 @pytest.mark.timeout(240)
 def test_pre_kip219_client_is_held_by_muting(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
     from kafka import KafkaProducer
+    from kafka.errors import KafkaTimeoutError
 
     topic = f"q-old-{uuid.uuid4().hex[:6]}"
     kafka_broker.create_topic(topic)
@@ -436,7 +442,12 @@ def test_pre_kip219_client_is_held_by_muting(kafka_broker: KafkaCluster, tmp_pat
         # api_version (1, 0): Produce v5, before KIP-219's v6, so the client ignores throttle_time_ms
         # and keeps sending; only the proxy's mute can hold it.
         producer = KafkaProducer(
-            bootstrap_servers=proxy.bootstrap, client_id="old-client", acks=1, api_version=(1, 0), linger_ms=5
+            bootstrap_servers=proxy.bootstrap,
+            client_id="old-client",
+            acks=1,
+            api_version=(1, 0),
+            linger_ms=5,
+            max_block_ms=1000,  # a send into the full buffer gives up soon once the test is over
         )
         sampler = OffsetSampler(kafka_broker, topic)
         stop = threading.Event()
@@ -444,7 +455,7 @@ def test_pre_kip219_client_is_held_by_muting(kafka_broker: KafkaCluster, tmp_pat
         def produce() -> None:
             payload = b"o" * 1024
             while not stop.is_set():
-                with contextlib.suppress(Exception):  # a full buffer times out in max_block_ms
+                with contextlib.suppress(KafkaTimeoutError):  # the buffer stayed full max_block_ms
                     producer.send(topic, payload)
 
         worker = threading.Thread(target=produce, daemon=True)

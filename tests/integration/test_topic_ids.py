@@ -15,7 +15,14 @@ from dev.harness import KafkaCluster, java_command
 from dev.proxy_process import ProxyProcess, gateway_config
 from protocol.api_keys import ApiKey
 from tests.integration.test_capture import captured
-from tests.integration.test_quotas import CYCLE, STEADY, WINDOW, OffsetSampler, steady_rate
+from tests.integration.test_quotas import (
+    CYCLE,
+    STEADY,
+    WINDOW,
+    OffsetSampler,
+    perf_producer_command,
+    steady_rate,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -75,22 +82,7 @@ def test_java_producer_held_to_a_topic_produce_quota(kafka_broker: KafkaCluster,
     cfg = gateway_config(kafka_broker, quotas=quotas, capture=_capture(tmp_path))
     with ProxyProcess(cfg, workdir=tmp_path) as proxy:
         record = 1024
-        cmd = java_command(
-            "org.apache.kafka.tools.ProducerPerformance",
-            "--topic",
-            topic,
-            "--num-records",
-            str(30 * MiB // record),
-            "--record-size",
-            str(record),
-            "--throughput",
-            "-1",
-            "--producer-props",
-            f"bootstrap.servers={proxy.bootstrap}",
-            "client.id=java-topic-producer",
-            "acks=1",
-            "linger.ms=5",
-        )
+        cmd = perf_producer_command(proxy.bootstrap, topic, "java-topic-producer")
         sampler = OffsetSampler(kafka_broker, topic)
         start = time.monotonic()
         perf = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

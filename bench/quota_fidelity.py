@@ -1,0 +1,238 @@
+"""Quota fidelity over a matrix of clients, settings and cluster sizes, in one run.
+
+Each cell runs one greedy client through kthrottle against a client-id quota (Kafka's default
+window, 11 x 1 s) and measures the mean rate of value bytes it had acknowledged (produce) or
+received (fetch) over seconds 12-45, against the quota:
+
+  client     Kafka's Java producer/consumer (tests/integration/java/Rate*.java: Produce and Fetch
+             by topic id), librdkafka, kafka-python, aiokafka (bench/fidelity_client.py)
+  direction  produce (3 partitions), fetch (a 3-partition topic filled beforehand)
+  brokers    1, and 3 with the partitions' leaders on all three
+  settings   the library's defaults; aggressive: 5 requests in flight, 1 MiB batches, 50 MB
+             fetches (10 MB per partition)
+
+plus a topic-quota row for each direction (KIP-1010 per-partition rate, the Java clients, 1
+broker), and, on 1 broker, every client and setting against the broker's own quota (set with
+Kafka's config command, straight to the broker), for reference. Value bytes read a little under
+the bytes a quota counts (record and request framing), through the proxy and the broker alike.
+
+Last line, one JSON object: max_abs_error (over the proxy cells), cells, client_errors,
+cells_worse_than_broker (1-broker cells whose error exceeds the broker's own for the same client
+and setting by more than 0.01), max_abs_broker_error, and each cell's signed error under its name
+(``<direction>_<client>_<brokers>b_<settings>``, ``topic_<direction>_java_1b``,
+``broker_<direction>_<client>_<settings>``).
+
+Usage: source dev/setup.sh && python bench/quota_fidelity.py [--seconds 46] [--only SUBSTRING]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.quota_accuracy import set_broker_quota
+from dev.harness import KafkaCluster, java_command, run_tool
+from dev.proxy_process import ProxyProcess, gateway_config
+
+KiB = 1024
+MiB = 1024 * KiB
+QUOTA = 512 * KiB
+SPAN = (12.0, 45.0)
+REPO = Path(__file__).resolve().parent.parent
+JAVA = REPO / "tests" / "integration" / "java"
+CLIENTS = ("java", "librdkafka", "kafka-python", "aiokafka")
+JAVA_SETTINGS = {
+    ("produce", "aggressive"): [
+        "max.in.flight.requests.per.connection=5",
+        "batch.size=1048576",
+        "linger.ms=5",
+    ],
+    ("fetch", "aggressive"): ["fetch.max.bytes=52428800", "max.partition.fetch.bytes=10485760"],
+}
+
+
+@dataclass
+class Cell:
+    name: str
+    direction: str
+    client: str
+    settings: str
+    rate: float = 0.0
+    errors: int = 0
+    first_error: str = ""
+
+    @property
+    def error(self) -> float:
+        return (self.rate - QUOTA) / QUOTA
+
+
+def run_client(cell: Cell, bootstrap: str, topic: str, client_id: str, seconds: float) -> None:
+    """Run the cell's client in its own process; fill in its mean rate over SPAN and its errors."""
+    if cell.client == "java":
+        program = "RateProducer.java" if cell.direction == "produce" else "RateConsumer.java"
+        extra = JAVA_SETTINGS.get((cell.direction, cell.settings), [])
+        cmd = java_command(str(JAVA / program), bootstrap, topic, client_id, str(int(seconds)), *extra)
+    else:
+        cmd = [
+            sys.executable,
+            str(REPO / "bench" / "fidelity_client.py"),
+            cell.client,
+            cell.direction,
+            bootstrap,
+            topic,
+            client_id,
+            str(seconds),
+            cell.settings,
+        ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120, check=False)
+    marks = [(int(m[1]) / 1000.0, int(m[2])) for m in re.finditer(r"^AT (\d+) (\d+)$", proc.stdout, re.M)]
+    errors = re.search(r"^ERRORS (\d+) ?(.*)$", proc.stdout, re.M)
+    if errors:
+        cell.errors, cell.first_error = int(errors[1]), errors[2]
+    if proc.returncode != 0:
+        cell.errors += 1
+        cell.first_error = cell.first_error or f"exit {proc.returncode}: {proc.stderr[-300:]}"
+
+    def at(t: float) -> int:
+        return max((n for s, n in marks if s <= t), default=0)
+
+    if not marks or marks[-1][0] < SPAN[1]:
+        cell.errors += 1
+        cell.first_error = cell.first_error or f"ran {marks[-1][0] if marks else 0:.1f} s of {SPAN[1]}"
+    cell.rate = (at(SPAN[1]) - at(SPAN[0])) / (SPAN[1] - SPAN[0])
+    print(
+        f"{cell.name:<40} {cell.rate / KiB:7.0f} KiB/s  error {cell.error:+.3f}  client errors {cell.errors}"
+        + (f" ({cell.first_error})" if cell.errors else ""),
+        flush=True,
+    )
+
+
+def wait_for_broker_quota(cluster: KafkaCluster, client_id: str, key: str) -> None:
+    """Until the broker describes the quota (it then applies it to the next request)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        proc = run_tool(
+            "kafka.admin.ConfigCommand",
+            "--bootstrap-server",
+            cluster.bootstrap_servers,
+            "--describe",
+            "--entity-type",
+            "clients",
+            "--entity-name",
+            client_id,
+        )
+        if key in proc.stdout:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"the broker never showed {key} for {client_id}")
+
+
+def matrix(only: str | None) -> list[tuple[int, Cell]]:
+    cells: list[tuple[int, Cell]] = []
+    for brokers in (1, 3):
+        for direction in ("produce", "fetch"):
+            for client in CLIENTS:
+                for settings in ("defaults", "aggressive"):
+                    name = f"{direction}_{client}_{brokers}b_{settings}"
+                    cells.append((brokers, Cell(name, direction, client, settings)))
+    for direction in ("produce", "fetch"):
+        cells.append((1, Cell(f"topic_{direction}_java_1b", direction, "java", "defaults")))
+    for direction in ("produce", "fetch"):
+        for client in CLIENTS:
+            for settings in ("defaults", "aggressive"):
+                cells.append(
+                    (1, Cell(f"broker_{direction}_{client}_{settings}", direction, client, settings))
+                )
+    return [(b, c) for b, c in cells if only is None or only in c.name]
+
+
+def run_cluster(brokers: int, cells: list[Cell], seconds: float) -> None:
+    with KafkaCluster(brokers=brokers) as cluster:
+        fetch_topic = f"fid-fetch-{uuid.uuid4().hex[:6]}"
+        cluster.create_topic(fetch_topic, partitions=3, replication=1)
+        per_cell = int(QUOTA * (seconds + 20) / KiB) + 16 * 1024  # the burst and the span, with room
+        cluster.fill_topic(fetch_topic, per_cell, timeout=600)
+        topic_quota = f"fid-topic-{uuid.uuid4().hex[:6]}"
+        cluster.create_topic(topic_quota, partitions=1, replication=1)
+        if any(c.name == "topic_fetch_java_1b" for c in cells):
+            cluster.fill_topic(topic_quota, per_cell, timeout=600)
+        proxy_cells = [c for c in cells if not c.name.startswith("broker_")]
+        quotas: dict[str, object] = {
+            "clients": {
+                f"fid-{c.name}": {
+                    "producer_byte_rate" if c.direction == "produce" else "consumer_byte_rate": QUOTA
+                }
+                for c in proxy_cells
+                if not c.name.startswith("topic_")
+            },
+            "topics": {topic_quota: {"producer.byte.rate": QUOTA, "consumer.byte.rate": QUOTA}},
+        }
+        cfg = gateway_config(cluster, quotas=quotas, log_level="WARNING")
+        with ProxyProcess(cfg) as proxy:
+            for cell in proxy_cells:
+                if cell.name.startswith("topic_"):
+                    topic = topic_quota
+                elif cell.direction == "produce":
+                    topic = f"fid-p-{uuid.uuid4().hex[:6]}"
+                    cluster.create_topic(topic, partitions=3, replication=1)
+                else:
+                    topic = fetch_topic
+                run_client(cell, proxy.bootstrap, topic, f"fid-{cell.name}", seconds)
+        for cell in [c for c in cells if c.name.startswith("broker_")]:
+            client_id = f"fid-{cell.name}"
+            key = "producer_byte_rate" if cell.direction == "produce" else "consumer_byte_rate"
+            set_broker_quota(cluster, client_id, key, QUOTA)
+            wait_for_broker_quota(cluster, client_id, key)
+            if cell.direction == "produce":
+                topic = f"fid-p-{uuid.uuid4().hex[:6]}"
+                cluster.create_topic(topic, partitions=3, replication=1)
+            else:
+                topic = fetch_topic
+            run_client(cell, cluster.bootstrap_servers, topic, client_id, seconds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=46.0)
+    parser.add_argument("--only", help="run only the cells whose name contains this")
+    args = parser.parse_args()
+    planned = matrix(args.only)
+    for brokers in (1, 3):
+        cells = [c for b, c in planned if b == brokers]
+        if cells:
+            run_cluster(brokers, cells, args.seconds)
+    cells = [c for _b, c in planned]
+    ours = [c for c in cells if not c.name.startswith("broker_")]
+    brokers_own = {c.name.removeprefix("broker_"): c for c in cells if c.name.startswith("broker_")}
+    worse = []
+    for cell in ours:
+        direction, client, where, settings = (cell.name.split("_") + [""] * 4)[:4]
+        reference = brokers_own.get(f"{direction}_{client}_{settings}") if where == "1b" else None
+        if reference is not None and abs(cell.error) > abs(reference.error) + 0.01:
+            worse.append(cell.name)
+    figures: dict[str, object] = {
+        "max_abs_error": round(max((abs(c.error) for c in ours), default=0.0), 4),
+        "cells": len(ours),
+        "client_errors": sum(c.errors for c in ours),
+        "cells_worse_than_broker": len(worse),
+        "max_abs_broker_error": round(max((abs(c.error) for c in brokers_own.values()), default=0.0), 4),
+    }
+    if worse:
+        figures["worse_than_broker"] = worse
+    figures.update({c.name: round(c.error, 4) for c in cells})
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
