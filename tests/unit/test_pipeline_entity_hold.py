@@ -1,0 +1,147 @@
+"""One quota across connections, in the pipeline: once a client is throttled on one connection, its
+other connections' next Produce waits unread, and whatever that connection pipelined behind it is
+answered after it, in order (a stub upstream; the quota decisions are the real ones)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from typing import Any
+
+from protocol import messages
+from protocol.api_keys import ApiKey
+from protocol.frames import FrameDecoder, RequestHeader, encode_request_header
+from tests.unit.conftest import proxy_in_front_of, recv_exactly
+
+QUOTAS = """
+quotas:
+  window: {num: 2, size_seconds: 0.2}
+  clients:
+    app: {producer_byte_rate: 50000}
+"""
+
+
+def _records(size: int) -> bytes:
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 22,
+    )
+    builder.append(0, timestamp=1000, key=None, value=b"v" * size, headers=[])
+    return bytes(builder.build())
+
+
+def _frame(api_key: int, version: int, correlation_id: int, body: bytes) -> bytes:
+    payload = encode_request_header(RequestHeader(api_key, version, correlation_id, "app", 0)) + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def _produce(correlation_id: int, value_size: int) -> bytes:
+    req = {
+        "transactional_id": None,
+        "acks": 1,
+        "timeout_ms": 1000,
+        "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": _records(value_size)}]}],
+    }
+    return _frame(
+        ApiKey.PRODUCE, 9, correlation_id, bytes(messages.encode(ApiKey.PRODUCE, 9, req, response=False))
+    )
+
+
+def _list_offsets(correlation_id: int) -> bytes:
+    return _frame(ApiKey.LIST_OFFSETS, 5, correlation_id, b"\xff\xff\xff\xff\x00\x00\x00\x00\x00")
+
+
+PRODUCE_RESPONSE: dict[str, Any] = {
+    "responses": [
+        {
+            "name": "t",
+            "partition_responses": [
+                {
+                    "index": 0,
+                    "error_code": 0,
+                    "base_offset": 0,
+                    "log_append_time_ms": -1,
+                    "log_start_offset": 0,
+                    "record_errors": [],
+                    "error_message": None,
+                }
+            ],
+        }
+    ],
+    "throttle_time_ms": 0,
+}
+
+
+async def _broker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers Produce v9 (a flexible response header, then the body) and anything else with a byte."""
+    decoder = FrameDecoder()
+    while data := await reader.read(65536):
+        for frame in decoder.feed(data):
+            api_key = struct.unpack_from(">h", frame, 0)[0]
+            if api_key == ApiKey.METADATA:  # the proxy's own discovery: not a broker here
+                writer.close()
+                return
+            if api_key == ApiKey.PRODUCE:
+                body = b"\x00" + bytes(messages.encode(ApiKey.PRODUCE, 9, PRODUCE_RESPONSE, response=True))
+            else:
+                body = b"x"
+            reply = frame[4:8] + body
+            writer.write(struct.pack(">i", len(reply)) + reply)
+    writer.close()
+
+
+def _correlation_ids(sock: socket.socket, count: int) -> list[int]:
+    ids = []
+    for _ in range(count):
+        (size,) = struct.unpack(">i", recv_exactly(sock, 4))
+        ids.append(struct.unpack_from(">i", recv_exactly(sock, size), 0)[0])
+    return ids
+
+
+def test_a_held_connection_answers_in_order_after_the_throttle() -> None:
+    with proxy_in_front_of(_broker, QUOTAS) as (_loop, port, server):
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=30) as first,
+            socket.create_connection(("127.0.0.1", port), timeout=30) as second,
+        ):
+            first.sendall(_produce(1, 40_000))  # over 50 kB/s in a 0.2 s window: throttled
+            assert _correlation_ids(first, 1) == [1]
+            # The same client id on another connection: its Produce waits for the throttle, and
+            # the request pipelined behind it is answered after it.
+            second.sendall(_produce(7, 100) + _list_offsets(8) + _produce(9, 100))
+            assert _correlation_ids(second, 3) == [7, 8, 9]
+        held = server.metrics.registry.get_sample_value("kthrottle_entity_holds_total", {"api": "Produce"})
+        assert held is not None and held >= 1
+
+
+def test_a_request_held_again_when_its_mute_ends_keeps_newer_requests_behind_it() -> None:
+    """The hold can outlast the mute (another throttle meanwhile, or timers a millisecond apart):
+    the request is held again, and a request sent after that must still be answered after it."""
+    import threading
+
+    with proxy_in_front_of(_broker, QUOTAS) as (_loop, port, server):
+        held_again = threading.Event()
+        holds = [50, 500]  # first hold, then held again when its mute ends; then free
+
+        def hold_ms(produce: bool, user: str, client_id: str) -> int:
+            if not holds:
+                return 0
+            ms = holds.pop(0)
+            if not holds:
+                held_again.set()
+            return ms
+
+        server.enforcer.hold_ms = hold_ms  # type: ignore[method-assign]
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            conn.sendall(_produce(7, 100) + _list_offsets(8))
+            assert held_again.wait(10), "the request was not held a second time"
+            conn.sendall(_list_offsets(9))  # read while the first request is held again
+            assert _correlation_ids(conn, 3) == [7, 8, 9]
