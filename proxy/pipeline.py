@@ -525,8 +525,6 @@ class Pipeline:
                     # Read nothing more until the response goes out and its mute ends, as the
                     # broker (which reads one request at a time per connection) would.
                     holds_reads = True
-                    self._pending_throttles += 1
-                    self.pause_client(_THROTTLE_PENDING)
                 else:
                     self.mute(throttle_ms)
         elif key in (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE):
@@ -564,7 +562,8 @@ class Pipeline:
             entry = InFlight(
                 key, version, header.correlation_id, self.loop.time(), None, client_id, throttle_ms, fetch
             )
-            entry.holds_reads = holds_reads
+            if holds_reads:
+                self._hold_until_answered(entry)
             entry.charge_time = key not in _PARKED_APIS and enforcer.request_time_charged(key, acks)
             if self.server.capture is not None:
                 entry.capture = draft if draft is not None else CaptureDraft.of(header, len(frame))
@@ -598,6 +597,10 @@ class Pipeline:
                 return
             decided = self.server.enforcer.on_mutation(self.user, entry.client_id, state, self.peer)
             entry.throttle_ms = state.throttle_ms
+            if entry.throttle_ms:
+                # As the broker: nothing more is read on this connection until the throttled
+                # answer has gone out and its mute has passed.
+                self._hold_until_answered(entry)
             if entry.capture is not None:
                 entry.capture.on_mutation(state.costs, state.accepted, decided)
             if not any(state.accepted):
@@ -777,9 +780,7 @@ class Pipeline:
                     entry.sent_at = self.loop.time()
                     if throttle_ms:
                         entry.throttle_ms = throttle_ms
-                        entry.holds_reads = True
-                        self._pending_throttles += 1
-                        self.pause_client(_THROTTLE_PENDING)
+                        self._hold_until_answered(entry)
                 elif throttle_ms:
                     self.mute(throttle_ms)
                 self._send(frame)
@@ -925,6 +926,20 @@ class Pipeline:
         self.in_flight.append(entry)
         self._flush_local()
 
+    def _hold_until_answered(self, entry: InFlight) -> None:
+        """Read nothing more until ``entry``'s response has gone out (its mute follows)."""
+        entry.holds_reads = True
+        self._pending_throttles += 1
+        self.pause_client(_THROTTLE_PENDING)
+
+    def _answered(self, entry: InFlight) -> None:
+        """``entry``'s response went out (and its mute, if any, began): reads may go on."""
+        if entry.holds_reads:
+            entry.holds_reads = False
+            self._pending_throttles -= 1
+            if not self._pending_throttles:
+                self.resume_client(_THROTTLE_PENDING)
+
     def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """A task of this connection: cancelled when it closes."""
         task = self.loop.create_task(work)
@@ -939,6 +954,7 @@ class Pipeline:
             self.client.writelines((SIZE.pack(len(entry.local_response)), entry.local_response))
             if entry.throttle_ms:
                 self.mute(entry.throttle_ms)
+            self._answered(entry)
             if entry.capture is not None:
                 self._emit(
                     entry.capture, entry.api_key, entry.api_version, entry.client_id, entry.throttle_ms, -1.0
@@ -1021,10 +1037,7 @@ class Pipeline:
         self.client.writelines((SIZE.pack(len(frame)), frame))
         if entry.throttle_ms:
             self.mute(entry.throttle_ms)
-        if entry.holds_reads:
-            self._pending_throttles -= 1
-            if not self._pending_throttles:
-                self.resume_client(_THROTTLE_PENDING)
+        self._answered(entry)
         self._flush_local()
         if self.server.draining and not self.in_flight:
             self.close("drained for shutdown", level=logging.INFO)

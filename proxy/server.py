@@ -228,8 +228,12 @@ class ProxyServer:
                 log.exception("frame deadline sweep failed")
 
     async def _refresh_loop(self) -> None:
-        while True:
+        # Ends at shutdown by itself too: Python 3.11's asyncio.wait_for can swallow a cancel that
+        # lands as its connection completes (gh-86296), and the loop would go on for ever.
+        while not self.draining:
             await asyncio.sleep(self.cfg.metadata_refresh_seconds if self.upstream_ready else 1.0)
+            if self.draining:
+                return
             await self._refresh_brokers(required=False)
             await self._open_known_listeners()
 
@@ -249,11 +253,15 @@ class ProxyServer:
             await asyncio.sleep(0.05)
         for pipeline in list(self.pipelines):
             pipeline.close(f"drain grace of {grace}s over with {len(pipeline.in_flight)} requests in flight")
-        for task in (self._refresh_task, self._expiry_task, self._frame_deadline_task):
-            if task is not None:
+        loops = [t for t in (self._refresh_task, self._expiry_task, self._frame_deadline_task) if t]
+        for task in loops:
+            task.cancel()
+        if loops:
+            _done, still = await asyncio.wait(loops, timeout=2.0)
+            for task in still:  # a cancel swallowed (see _refresh_loop): ask once more, bounded
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            if still:
+                await asyncio.wait(still, timeout=2.0)
         for task in list(self._opening.values()):
             task.cancel()
         self.topic_lookup.close()
