@@ -140,9 +140,11 @@ def test_produce_row_by_row_matches_byte_rate_quotas() -> None:
 
 
 def test_fetch_throttled_bytes_are_taken_back_unless_dry_run() -> None:
-    """A throttled fetch is answered empty: its bytes come off the rate, so the next fetch sees a
-    lower rate than in dry-run, where the proxy keeps them."""
-    cfg = QuotaConfig.model_validate({"clients": {"c": {"consumer_byte_rate": 1000}}})
+    """With Kafka's fetch behaviour, a throttled fetch is answered empty: its bytes come off the
+    rate, so the next fetch sees a lower rate than in dry-run, where the proxy keeps them."""
+    cfg = QuotaConfig.model_validate(
+        {"fetch_shaping": "kafka", "clients": {"c": {"consumer_byte_rate": 1000}}}
+    )
     rows = [row(T0 + i * 100, "u", "c", api=1, response_bytes=2000, upstream_ms=0.0) for i in range(30)]
 
     def live(dry_run: bool) -> list[int]:
@@ -165,6 +167,17 @@ def test_fetch_throttled_bytes_are_taken_back_unless_dry_run() -> None:
     assert sum(dry) > sum(enforced) > 0
     # enforce overrides the config's dry_run either way
     assert [d["throttle_ms"] for d in replay_requests(rows, cfg, enforce=False, strict_from=STRICT)] == dry
+
+
+def test_a_fetch_shaped_to_the_quota_keeps_its_bytes() -> None:
+    """With steady fetch shaping (the default) a throttled fetch is delivered with its throttle:
+    the replay keeps its bytes, as the proxy does, and decides the shaper's throttle."""
+    cfg = QuotaConfig.model_validate({"clients": {"c": {"consumer_byte_rate": 1000}}})
+    rows = [row(T0 + i * 100, "u", "c", api=1, response_bytes=2000, upstream_ms=0.0) for i in range(30)]
+    q = ByteRateQuotas(cfg, produce=False, now_ms=T0)
+    live = [q.record("u", "c", 2000, [], r["ts_ms"]).throttle_ms for r in rows]
+    assert [d["throttle_ms"] for d in replay_requests(rows, cfg, strict_from=STRICT)] == live
+    assert sum(live) > 0
 
 
 def test_fetch_is_charged_at_its_response() -> None:
