@@ -85,6 +85,9 @@ class _Catalog:
     async def default_partitions(self) -> int:
         return 1
 
+    async def topic_ids(self) -> list[tuple[bytes, str]]:
+        return [(bytes(range(16)), "fuzz-topic")]  # any other id the input names stays unknown
+
 
 class _Capture:
     """A capture sink that keeps nothing (the rows are built all the same)."""
@@ -162,6 +165,7 @@ class PipelineFuzzer:
     def _server(self, cfg: ProxyConfig, capture: bool) -> ProxyServer:
         server = ProxyServer(cfg)
         server.catalog = _Catalog()  # type: ignore[assignment]
+        server.topic_lookup.catalog = server.catalog
         server.brokers.on_new_node = None  # gateway mode would open real listeners
         server.enforcer.clock = self.loop.time
         if capture:

@@ -282,6 +282,8 @@ class ProxyServer:
 
     def pipeline_opened(self, pipeline: Pipeline) -> None:
         self.pipelines.add(pipeline)
+        if self.topic_lookup.loop is None:
+            self.topic_lookup.loop = pipeline.loop
         self.metrics.connections_total.labels(pipeline.listener.name).inc()
         self.metrics.connections_active.labels(pipeline.listener.name).inc()
 

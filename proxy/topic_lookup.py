@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 MIN_INTERVAL_SECONDS = 1.0
 ATTEMPTS = 5  # lookups that fail in a row before the waiting bytes are given up (counted, logged)
+# A broker that cannot be reached or answers what cannot be read.
+LOOKUP_ERRORS = (ConnectionError, OSError, SchemaError, FrameError, asyncio.IncompleteReadError)
 
 
 class TopicIdLookup:
@@ -41,6 +43,9 @@ class TopicIdLookup:
         self._last = float("-inf")
         self._task: asyncio.Task[None] | None = None
         self._after: list[Callable[[], None]] = []
+        # The proxy's event loop, learned from the first connection (requests are read in loop
+        # callbacks, where it is running; a test harness may drive them from outside it).
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def running(self) -> bool:
@@ -50,7 +55,8 @@ class TopicIdLookup:
         """An unknown id was met: look it up soon (from the event loop; never blocks)."""
         self._wanted = True
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            loop = self.loop or asyncio.get_running_loop()
+            self._task = loop.create_task(self._run())
 
     def after(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` when the lookup under way ends (at once if none is)."""
@@ -76,7 +82,7 @@ class TopicIdLookup:
                 self.lookups += 1
                 try:
                     pairs = await self.catalog.topic_ids()
-                except (ConnectionError, OSError, SchemaError, FrameError) as exc:
+                except LOOKUP_ERRORS as exc:
                     failures += 1
                     log.warning("topic id lookup failed (%d of %d): %s", failures, ATTEMPTS, exc)
                     if failures < ATTEMPTS:
