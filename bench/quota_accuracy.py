@@ -29,7 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dev.harness import KafkaCluster, java_command, run_tool
+from dev.harness import KafkaCluster, run_tool
+from dev.perf_tools import greedy_producer_command
 from dev.proxy_process import ProxyProcess, gateway_config
 
 KiB = 1024
@@ -57,22 +58,7 @@ def produce_run(cluster: KafkaCluster, bootstrap: str, client_id: str, seconds: 
     from kafka import KafkaConsumer, TopicPartition
 
     name = topic(cluster, "acc-p")
-    cmd = java_command(
-        "org.apache.kafka.tools.ProducerPerformance",
-        "--topic",
-        name,
-        "--num-records",
-        "100000000",
-        "--record-size",
-        "1024",
-        "--throughput",
-        "-1",
-        "--producer-props",
-        f"bootstrap.servers={bootstrap}",
-        f"client.id={client_id}",
-        "acks=1",
-        "linger.ms=5",
-    )
+    cmd = greedy_producer_command(bootstrap, name, client_id, 100_000_000)
     watcher = KafkaConsumer(bootstrap_servers=cluster.bootstrap_servers)
     tp = TopicPartition(name, 0)
     samples: list[tuple[float, float]] = []

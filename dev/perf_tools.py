@@ -29,6 +29,30 @@ def run(main: str, *args: str, timeout: float = 600) -> str:
     return proc.stdout
 
 
+def greedy_producer_command(
+    bootstrap: str, topic: str, client_id: str, records: int, *options: str
+) -> list[str]:
+    """ProducerPerformance sending ``records`` 1 KiB records as fast as it is let (acks=1, linger 5 ms):
+    a client held by a quota. ``options`` go before the producer settings (``--print-metrics``)."""
+    return java_command(
+        PRODUCER,
+        "--topic",
+        topic,
+        "--num-records",
+        str(records),
+        "--record-size",
+        "1024",
+        "--throughput",
+        "-1",
+        *options,
+        "--producer-props",
+        f"bootstrap.servers={bootstrap}",
+        f"client.id={client_id}",
+        "acks=1",
+        "linger.ms=5",
+    )
+
+
 def produce(
     bootstrap: str,
     topic: str,

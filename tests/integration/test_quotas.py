@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dev.harness import KafkaCluster, java_command
+from dev.harness import KafkaCluster
+from dev.perf_tools import greedy_producer_command
 from dev.proxy_process import ProxyProcess, gateway_config
 from dev.waiting import wait_until
 from tests.integration.clients import close_kafka_python_producer, delivery_errors_into, stop_greedy_producer
@@ -78,25 +79,9 @@ STEADY = (8.0, 20.0)  # after the JVM's start and the initial burst the padded w
 
 
 def perf_producer_command(bootstrap: str, topic: str, client_id: str, *options: str) -> list[str]:
-    """Kafka's perf producer sending 30 MiB of 1 KiB records as fast as it is let (acks=1): it
-    finishes a few seconds after the steady span at a 1 MiB/s quota."""
-    return java_command(
-        "org.apache.kafka.tools.ProducerPerformance",
-        "--topic",
-        topic,
-        "--num-records",
-        str(30 * MiB // 1024),
-        "--record-size",
-        "1024",
-        "--throughput",
-        "-1",
-        *options,
-        "--producer-props",
-        f"bootstrap.servers={bootstrap}",
-        f"client.id={client_id}",
-        "acks=1",
-        "linger.ms=5",
-    )
+    """Kafka's perf producer sending 30 MiB as fast as it is let: it finishes a few seconds after
+    the steady span at a 1 MiB/s quota."""
+    return greedy_producer_command(bootstrap, topic, client_id, 30 * MiB // 1024, *options)
 
 
 def _quotas(**entities: object) -> dict[str, object]:
@@ -381,21 +366,7 @@ def test_client_without_quota_is_unaffected(kafka_broker: KafkaCluster, tmp_path
     kafka_broker.create_topic(slow_topic)
     quotas = _quotas(clients={"throttled": {"producer_byte_rate": 256 * 1024}})
     with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
-        cmd = java_command(
-            "org.apache.kafka.tools.ProducerPerformance",
-            "--topic",
-            slow_topic,
-            "--num-records",
-            "10000000",
-            "--record-size",
-            "1024",
-            "--throughput",
-            "-1",
-            "--producer-props",
-            f"bootstrap.servers={proxy.bootstrap}",
-            "client.id=throttled",
-            "acks=1",
-        )
+        cmd = greedy_producer_command(proxy.bootstrap, slow_topic, "throttled", 10_000_000)
         throttled = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         runs: dict[str, list[float]] = {"alone": [], "together": []}
         try:

@@ -9,6 +9,7 @@ import socket
 import struct
 from typing import Any
 
+from dev.loadgen import produce_request
 from protocol import messages
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
@@ -23,37 +24,13 @@ quotas:
 """
 
 
-def _records(size: int) -> bytes:
-    from kafka.record.default_records import DefaultRecordBatchBuilder
-
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 22,
-    )
-    builder.append(0, timestamp=1000, key=None, value=b"v" * size, headers=[])
-    return bytes(builder.build())
-
-
 def _frame(api_key: int, version: int, correlation_id: int, body: bytes) -> bytes:
     payload = encode_request_header(RequestHeader(api_key, version, correlation_id, "app", 0)) + body
     return struct.pack(">i", len(payload)) + payload
 
 
 def _produce(correlation_id: int, value_size: int) -> bytes:
-    req = {
-        "transactional_id": None,
-        "acks": 1,
-        "timeout_ms": 1000,
-        "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": _records(value_size)}]}],
-    }
-    return _frame(
-        ApiKey.PRODUCE, 9, correlation_id, bytes(messages.encode(ApiKey.PRODUCE, 9, req, response=False))
-    )
+    return bytes(produce_request("t", correlation_id, b"v" * value_size, client_id="app"))
 
 
 def _list_offsets(correlation_id: int) -> bytes:
