@@ -79,7 +79,9 @@ def run_client(cell: Cell, bootstrap: str, topic: str, client_id: str, seconds: 
     """Run the cell's client in its own process; fill in its mean rate over SPAN and its errors."""
     if cell.client == "java":
         program = "RateProducer.java" if cell.direction == "produce" else "RateConsumer.java"
-        extra = JAVA_SETTINGS.get((cell.direction, cell.settings), [])
+        extra = list(JAVA_SETTINGS.get((cell.direction, cell.settings), []))
+        if cell.direction == "fetch":
+            extra.append(f"group.id=fid-{cell.name}-{uuid.uuid4().hex[:6]}")  # each cell from the start
         cmd = java_command(str(JAVA / program), bootstrap, topic, client_id, str(int(seconds)), *extra)
     else:
         cmd = [
