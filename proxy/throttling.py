@@ -202,7 +202,7 @@ class QuotaEnforcer:
         A broker enforces its own copy of a quota on its own connections; the proxy sees every
         connection of a client to every broker and holds them all, so neither parallel
         connections nor another broker's share let the client past its quota."""
-        if decision.client_throttle_ms <= 0 or self.dry_run:
+        if decision.client_throttle_ms <= 0 or self.dry_run or not self.cfg.hold_across_connections:
             return
         key = (produce, decision.bucket)
         until = now + decision.client_throttle_ms

@@ -20,7 +20,8 @@ def _produce(records: bytes) -> dict[str, Any]:
 
 
 def _enforcer(now: list[float], **quotas: Any) -> QuotaEnforcer:
-    return QuotaEnforcer(QuotaConfig.model_validate(quotas), ProxyMetrics(), clock=lambda: now[0])
+    cfg = QuotaConfig.model_validate({"hold_across_connections": True, **quotas})
+    return QuotaEnforcer(cfg, ProxyMetrics(), clock=lambda: now[0])
 
 
 def test_a_throttled_client_holds_its_other_connections_until_the_throttle_passes() -> None:
@@ -54,6 +55,14 @@ def test_dry_run_and_topic_quotas_hold_nobody() -> None:
     topic = _enforcer(now, topics={"t": {"producer.byte.rate": 10}})
     assert topic.on_produce("ANONYMOUS", "app", 50_000, _produce(_batch(-1) * 100)).throttle_ms > 0
     assert topic.hold_ms(True, "ANONYMOUS", "app") == 0  # a partition's quota is no client's
+
+
+def test_off_by_default() -> None:
+    now = [100.0]
+    cfg = QuotaConfig.model_validate({"clients": {"app": {"producer_byte_rate": 1000}}})
+    enforcer = QuotaEnforcer(cfg, ProxyMetrics(), clock=lambda: now[0])
+    assert enforcer.on_produce("ANONYMOUS", "app", 50_000, _produce(_batch(-1))).throttle_ms > 0
+    assert enforcer.hold_ms(True, "ANONYMOUS", "app") == 0
 
 
 def test_holds_that_passed_are_swept() -> None:

@@ -18,6 +18,7 @@ from tests.unit.conftest import proxy_in_front_of, recv_exactly
 
 QUOTAS = """
 quotas:
+  hold_across_connections: true
   window: {num: 2, size_seconds: 0.2}
   clients:
     app: {producer_byte_rate: 50000}
