@@ -5,7 +5,7 @@ window, 11 x 1 s) and measures the mean rate of value bytes it had acknowledged 
 received (fetch) over seconds 12-45, against the quota:
 
   client     Kafka's Java producer/consumer (tests/integration/java/Rate*.java: Produce and Fetch
-             by topic id), librdkafka, kafka-python, aiokafka (bench/fidelity_client.py)
+             by topic id), librdkafka, kafka-python, aiokafka (dev/fidelity_client.py)
   direction  produce (3 partitions), fetch (a 3-partition topic filled beforehand)
   brokers    1, and 3 with the partitions' leaders on all three
   settings   the library's defaults; aggressive: 5 requests in flight, 1 MiB batches, 50 MB
@@ -86,7 +86,7 @@ def run_client(cell: Cell, bootstrap: str, topic: str, client_id: str, seconds: 
     else:
         cmd = [
             sys.executable,
-            str(REPO / "bench" / "fidelity_client.py"),
+            str(REPO / "dev" / "fidelity_client.py"),
             cell.client,
             cell.direction,
             bootstrap,

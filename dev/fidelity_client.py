@@ -5,7 +5,7 @@ librdkafka, kafka-python or aiokafka, at the library's defaults or at aggressive
 requests in flight, 1 MiB batches, 50 MB fetches). Prints "AT elapsed_ms bytes" (value bytes
 acknowledged, or received) every 250 ms, then "ERRORS n first-error".
 
-Usage: python bench/fidelity_client.py LIBRARY produce|fetch BOOTSTRAP TOPIC CLIENT_ID SECONDS \
+Usage: python dev/fidelity_client.py LIBRARY produce|fetch BOOTSTRAP TOPIC CLIENT_ID SECONDS \
        defaults|aggressive
 """
 
