@@ -29,13 +29,10 @@ def run(main: str, *args: str, timeout: float = 600) -> str:
     return proc.stdout
 
 
-def greedy_producer_command(
-    bootstrap: str, topic: str, client_id: str, records: int, *options: str
-) -> list[str]:
-    """ProducerPerformance sending ``records`` 1 KiB records as fast as it is let (acks=1, linger 5 ms):
-    a client held by a quota. ``options`` go before the producer settings (``--print-metrics``)."""
-    return java_command(
-        PRODUCER,
+def producer_args(topic: str, records: int, throughput: int, *options: str, props: list[str]) -> list[str]:
+    """ProducerPerformance's arguments for ``records`` 1 KiB records (``throughput`` -1: as fast as it
+    is let); ``options`` go before the producer settings ``props`` (linger 5 ms added)."""
+    return [
         "--topic",
         topic,
         "--num-records",
@@ -43,14 +40,21 @@ def greedy_producer_command(
         "--record-size",
         "1024",
         "--throughput",
-        "-1",
+        str(throughput),
         *options,
         "--producer-props",
-        f"bootstrap.servers={bootstrap}",
-        f"client.id={client_id}",
-        "acks=1",
+        *props,
         "linger.ms=5",
-    )
+    ]
+
+
+def greedy_producer_command(
+    bootstrap: str, topic: str, client_id: str, records: int, *options: str
+) -> list[str]:
+    """ProducerPerformance sending ``records`` 1 KiB records as fast as it is let (acks=1, linger 5 ms):
+    a client held by a quota. ``options`` go before the producer settings (``--print-metrics``)."""
+    props = [f"bootstrap.servers={bootstrap}", f"client.id={client_id}", "acks=1"]
+    return java_command(PRODUCER, *producer_args(topic, records, -1, *options, props=props))
 
 
 def produce(
@@ -63,23 +67,13 @@ def produce(
     props: Mapping[str, str] | None = None,
 ) -> dict[str, float]:
     """ProducerPerformance's summary; ``props``: more producer settings (TLS, say)."""
-    out = run(
-        PRODUCER,
-        "--topic",
-        topic,
-        "--num-records",
-        str(records),
-        "--record-size",
-        "1024",
-        "--throughput",
-        str(throughput),
-        "--producer-props",
+    settings = [
         f"bootstrap.servers={bootstrap}",
         f"acks={acks}",
-        "linger.ms=5",
         f"batch.size={batch_size}",
         *(f"{k}={v}" for k, v in (props or {}).items()),
-    )
+    ]
+    out = run(PRODUCER, *producer_args(topic, records, throughput, props=settings))
     match = _SUMMARY.findall(out)
     if not match:
         raise RuntimeError(f"no summary in ProducerPerformance output:\n{out[-2000:]}")
