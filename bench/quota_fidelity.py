@@ -22,7 +22,7 @@ and setting by more than 0.01), max_abs_broker_error, and each cell's signed err
 (``<direction>_<client>_<brokers>b_<settings>``, ``topic_<direction>_java_1b``,
 ``broker_<direction>_<client>_<settings>``).
 
-Usage: source dev/setup.sh && python bench/quota_fidelity.py [--seconds 46] [--only SUBSTRING]
+Usage: source dev/setup.sh && python bench/quota_fidelity.py [--seconds 46] [--only SUBSTRING] [--no-hold]
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def matrix(only: str | None) -> list[tuple[int, Cell]]:
     return [(b, c) for b, c in cells if only is None or only in c.name]
 
 
-def run_cluster(brokers: int, cells: list[Cell], seconds: float) -> None:
+def run_cluster(brokers: int, cells: list[Cell], seconds: float, hold: bool) -> None:
     with KafkaCluster(brokers=brokers) as cluster:
         fetch_topic = f"fid-fetch-{uuid.uuid4().hex[:6]}"
         cluster.create_topic(fetch_topic, partitions=3, replication=1)
@@ -177,6 +177,7 @@ def run_cluster(brokers: int, cells: list[Cell], seconds: float) -> None:
                 if not c.name.startswith("topic_")
             },
             "topics": {topic_quota: {"producer.byte.rate": QUOTA, "consumer.byte.rate": QUOTA}},
+            "hold_across_connections": hold,
         }
         cfg = gateway_config(cluster, quotas=quotas, log_level="WARNING")
         with ProxyProcess(cfg) as proxy:
@@ -208,12 +209,17 @@ def main() -> None:
     )
     parser.add_argument("--seconds", type=float, default=46.0)
     parser.add_argument("--only", help="run only the cells whose name contains this")
+    parser.add_argument(
+        "--no-hold",
+        action="store_true",
+        help="the proxy with hold_across_connections off (each connection held on its own)",
+    )
     args = parser.parse_args()
     planned = matrix(args.only)
     for brokers in (1, 3):
         cells = [c for b, c in planned if b == brokers]
         if cells:
-            run_cluster(brokers, cells, args.seconds)
+            run_cluster(brokers, cells, args.seconds, hold=not args.no_hold)
     cells = [c for _b, c in planned]
     ours = [c for c in cells if not c.name.startswith("broker_")]
     brokers_own = {c.name.removeprefix("broker_"): c for c in cells if c.name.startswith("broker_")}

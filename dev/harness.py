@@ -295,8 +295,8 @@ def _admin_client(address: str, timeout_ms: int) -> Iterator[Any]:
 
 
 def _topic_readiness(node: KafkaNode, topic: str, partitions: int) -> str:
-    """"ready" when ``node``'s own metadata lists ``topic`` with ``partitions`` partitions, each with a
-    leader; otherwise what it shows instead. One Metadata request to that node alone (a client library
+    """Gives "ready" when ``node``'s own metadata lists ``topic`` with ``partitions`` partitions, each with
+    a leader; otherwise what it shows instead. One Metadata request to that node alone (a client library
     would ask whichever node it likes, which is not the question)."""
     from protocol import messages
     from protocol.api_keys import ApiKey

@@ -249,3 +249,60 @@ def test_confluent_admin_is_throttled(kafka_broker: KafkaCluster, proxy: ProxyPr
     else:
         assert throttles.max > 0, "librdkafka never saw a throttle"
     assert created and all(_partitions(kafka_broker, n, 30) == 30 for n in created)
+
+
+def _steps(bootstrap: str, client_id: str, *args: str) -> list[tuple[str, int]]:
+    """Run MutationAdmin's ``sequence``; each request's (outcome, throttle ms the client was given)."""
+    proc = run_tool(JAVA_ADMIN, bootstrap, client_id, "sequence", *args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    steps = []
+    for line in proc.stdout.splitlines():
+        if line.startswith("STEP "):
+            _step, _topic, _attempt, outcome, throttle = line.split(" ")
+            steps.append((outcome, int(throttle)))
+    return steps
+
+
+@pytest.mark.timeout(150)
+def test_side_by_side_with_the_brokers_own_quota(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
+    """The same sequence of CreateTopics, one topic per request, retried after each throttle, by
+    Kafka's Java admin client: straight to the broker under the broker's own
+    controller_mutation_rate, and through the proxy under the same quota (the broker's window of
+    11 x 1 s, so the same burst). The client sees the same answers and the same throttles."""
+    rate, partitions, topics = 5, 25, 5  # burst 55: three admitted, then each one waits its turn
+    direct_id, proxied_id = _name("side-direct"), _name("side-proxy")
+    quotas = {
+        "controller_window": {"num": 11, "size_seconds": 1},
+        "clients": {proxied_id: {"controller_mutation_rate": rate}},
+    }
+    alter = run_tool(
+        "kafka.admin.ConfigCommand",
+        "--bootstrap-server",
+        kafka_broker.bootstrap_servers,
+        "--alter",
+        "--entity-type",
+        "clients",
+        "--entity-name",
+        direct_id,
+        "--add-config",
+        f"controller_mutation_rate={rate}",
+    )
+    assert alter.returncode == 0, alter.stderr[-2000:]
+    direct_topics = [f"{_name('side-d')}:{partitions}" for _ in range(topics)]
+    proxied_topics = [f"{_name('side-p')}:{partitions}" for _ in range(topics)]
+    with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
+
+        async def both() -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+            return await asyncio.gather(
+                asyncio.to_thread(
+                    _steps, kafka_broker.bootstrap_servers, direct_id, "await-quota", *direct_topics
+                ),
+                asyncio.to_thread(_steps, proxy.bootstrap, proxied_id, *proxied_topics),
+            )
+
+        direct, proxied = asyncio.run(both())
+    throttled = "ThrottlingQuotaExceededException"
+    assert [o for o, _ in direct] == ["OK", "OK", "OK", throttled, "OK", throttled, "OK"], direct
+    assert [o for o, _ in proxied] == [o for o, _ in direct], (direct, proxied)
+    for (_, broker_ms), (_, proxy_ms) in zip(direct, proxied, strict=True):
+        assert abs(broker_ms - proxy_ms) <= max(300, 0.1 * broker_ms), (direct, proxied)

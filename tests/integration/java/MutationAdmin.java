@@ -1,4 +1,5 @@
 import java.util.ArrayList;
+import java.util.Collections;
 import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -14,6 +15,9 @@ import org.apache.kafka.clients.admin.DeleteTopicsOptions;
 import org.apache.kafka.clients.admin.NewPartitions;
 import org.apache.kafka.clients.admin.NewTopic;
 import org.apache.kafka.common.KafkaFuture;
+import org.apache.kafka.common.quota.ClientQuotaEntity;
+import org.apache.kafka.common.quota.ClientQuotaFilter;
+import org.apache.kafka.common.quota.ClientQuotaFilterComponent;
 import org.apache.kafka.common.errors.ThrottlingQuotaExceededException;
 
 /**
@@ -22,6 +26,11 @@ import org.apache.kafka.common.errors.ThrottlingQuotaExceededException;
  * Usage: MutationAdmin BOOTSTRAP CLIENT_ID create|validate NAME:PARTITIONS...
  *                                          partitions NAME:TOTAL...
  *                                          delete NAME...
+ *                                          sequence [await-quota] NAME:PARTITIONS...
+ * "sequence" creates the topics one request at a time; a throttled one is retried after the
+ * throttle time it was given, printing "STEP name attempt OK|Exception throttleMs" per request.
+ * With await-quota it first waits until the cluster shows a controller_mutation_rate for
+ * CLIENT_ID, so a quota just set on the broker is in force.
  * Prints one line per topic: "RESULT name OK" or "RESULT name ExceptionClass throttleMs message".
  */
 public class MutationAdmin {
@@ -34,6 +43,10 @@ public class MutationAdmin {
         Map<String, KafkaFuture<Void>> results = new HashMap<>();
         List<String> order = new ArrayList<>();
         try (Admin admin = Admin.create(props)) {
+            if (op.equals("sequence")) {
+                sequence(admin, args[1], args);
+                return;
+            }
             if (op.equals("create") || op.equals("validate")) {
                 List<NewTopic> topics = new ArrayList<>();
                 for (int i = 3; i < args.length; i++) {
@@ -74,5 +87,51 @@ public class MutationAdmin {
                 }
             }
         }
+    }
+
+    private static void sequence(Admin admin, String clientId, String[] args) throws Exception {
+        int first = 3;
+        if (args.length > 3 && args[3].equals("await-quota")) {
+            awaitQuota(admin, clientId);
+            first = 4;
+        }
+        for (int i = first; i < args.length; i++) {
+            String[] parts = args[i].split(":");
+            NewTopic topic = new NewTopic(parts[0], Integer.parseInt(parts[1]), (short) 1);
+            CreateTopicsOptions options = new CreateTopicsOptions().retryOnQuotaViolation(false);
+            for (int attempt = 1; ; attempt++) {
+                try {
+                    admin.createTopics(Collections.singletonList(topic), options).all().get();
+                    System.out.println("STEP " + parts[0] + " " + attempt + " OK 0");
+                    break;
+                } catch (ExecutionException e) {
+                    Throwable cause = e.getCause();
+                    if (!(cause instanceof ThrottlingQuotaExceededException) || attempt >= 10) {
+                        System.out.println("STEP " + parts[0] + " " + attempt + " "
+                            + cause.getClass().getSimpleName() + " 0");
+                        break;
+                    }
+                    int throttle = ((ThrottlingQuotaExceededException) cause).throttleTimeMs();
+                    System.out.println("STEP " + parts[0] + " " + attempt + " "
+                        + cause.getClass().getSimpleName() + " " + throttle);
+                    Thread.sleep(throttle);
+                }
+            }
+        }
+    }
+
+    private static void awaitQuota(Admin admin, String clientId) throws Exception {
+        ClientQuotaFilter filter = ClientQuotaFilter.containsOnly(Collections.singletonList(
+            ClientQuotaFilterComponent.ofEntity(ClientQuotaEntity.CLIENT_ID, clientId)));
+        long deadline = System.currentTimeMillis() + 30_000;
+        while (System.currentTimeMillis() < deadline) {
+            for (Map<String, Double> quotas : admin.describeClientQuotas(filter).entities().get().values()) {
+                if (quotas.containsKey("controller_mutation_rate")) {
+                    return;
+                }
+            }
+            Thread.sleep(100);
+        }
+        throw new IllegalStateException("no controller_mutation_rate for " + clientId + " after 30 s");
     }
 }
