@@ -9,7 +9,8 @@ How each captured row is replayed (``api_key``):
 
 - Produce (0): ``ByteRateQuotas(produce).record(principal, client_id, request_bytes, partitions)``
   at ``ts_ms``, then, for a user with a ``producer_ids_rate``, ``ProducerIdQuotas.record`` with the
-  row's ``producer_ids``. The request's throttle is the largest of the quotas it is over.
+  row's ``producer_ids``. The request's throttle is the largest of the quotas it is over (the
+  client's from the token bucket under ``produce_shaping: steady``, as live).
 - Fetch (1): ``ByteRateQuotas(fetch).record(principal, client_id, response_bytes, partitions)`` at
   the time the proxy charged it, the response: ``ts_ms + upstream_ms``. A throttled fetch is
   answered empty, so its bytes are taken back (``unrecord``) unless the config is in dry-run (the

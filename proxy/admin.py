@@ -193,10 +193,15 @@ def entity_state(enforcer: QuotaEnforcer, user: str, client_id: str) -> dict[str
         }
         if rate is not None:
             measured, window = rate.measure(now), rate.window_ms(now)
+            throttle_ms = throttle_time_ms(measured, match.quota, window) if match else 0
+            shaper = quotas.shaper(bucket) if quotas.shaped(match) else None
+            if shaper is not None:  # steady shaping: the token bucket decides the throttle
+                throttle_ms = shaper.throttle_ms(now)
+                state["tokens"] = shaper.tokens(now)
             state.update(
                 rate=measured,
                 window_ms=window,
-                throttle_ms=throttle_time_ms(measured, match.quota, window) if match else 0,
+                throttle_ms=throttle_ms,
                 samples=[{"start_ms_ago": now - start, "bytes": value} for start, value in rate.samples(now)],
             )
         out[quotas.key] = state

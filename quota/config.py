@@ -5,8 +5,9 @@ Shape (YAML)::
     quotas:
       window: {num: 11, size_seconds: 1}       # quota.window.num / quota.window.size.seconds
       dry_run: false                           # compute and report throttles, apply none
+      produce_shaping: steady                  # or kafka (QuotaConfig.produce_shaping)
       fetch_shaping: steady                    # or kafka (QuotaConfig.fetch_shaping)
-      hold_across_connections: false           # experimental (QuotaConfig.hold_across_connections)
+      hold_across_connections: true            # QuotaConfig.hold_across_connections
       users:
         alice:                                 # /config/users/alice
           producer_byte_rate: 1048576
@@ -117,16 +118,20 @@ class QuotaConfig(_Strict):
     producer_ids: ProducerIdOptions = Field(default_factory=ProducerIdOptions)
     ips: dict[str, IpQuotas] = Field(default_factory=dict)
     dry_run: bool = False
+    # How a producer over producer_byte_rate is throttled. steady: the client throttle is the time
+    # a token bucket at the quota (holding Kafka's burst of quota x (num - 1) x size) needs to pay
+    # back what the entity took, so no burst is forgotten when a window sample expires; kafka: as
+    # a broker does, (rate - quota) / quota x window over the sampled window.
+    produce_shaping: Literal["steady", "kafka"] = "steady"
     # How a consumer over consumer_byte_rate is held. steady: each Fetch is sized to what the
-    # entity may take now (a token bucket at the quota, holding Kafka's burst of quota x (num - 1)
-    # x size) and its bytes are delivered with the throttle they cost; kafka: as a broker does, a
-    # fetch is capped at quota x (num - 1) x size and one that goes over is answered empty.
+    # entity may take now (the same token bucket) and its bytes are delivered with the throttle
+    # they cost; kafka: as a broker does, a fetch is capped at quota x (num - 1) x size and one
+    # that goes over is answered empty.
     fetch_shaping: Literal["steady", "kafka"] = "steady"
-    # Experimental, off: an entity throttled on one connection has its other connections' next
-    # Produce/Fetch held until the throttle has passed (one quota across connections and brokers).
-    # Measured on three brokers with 5 in flight and 1 MiB batches, it holds the client 27% under
-    # its quota, where without it the client runs 12% over: not yet the right hold.
-    hold_across_connections: bool = False
+    # An entity throttled on one connection has its other connections' next Produce/Fetch held
+    # until the throttle has passed (one quota across connections and brokers, at every moment
+    # rather than on average).
+    hold_across_connections: bool = True
     users: dict[str, UserQuotas] = Field(default_factory=dict)
     clients: dict[str, ClientQuotas] = Field(default_factory=dict)
     topics: dict[str, TopicQuotas] = Field(default_factory=dict)

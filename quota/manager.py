@@ -36,8 +36,8 @@ class Decision:
     match: Match | None
     client_rate: float
     worst_partition: PartitionKey | None = None
-    # The client throttle came from steady fetch shaping: the bytes go to the client with it
-    # (nothing refused), as the fetch was sized to the quota beforehand.
+    # The client throttle came from steady shaping (a token bucket at the quota). A fetch so
+    # throttled goes to the client with it (nothing refused): it was sized to the quota beforehand.
     shaped: bool = False
 
     @property
@@ -56,7 +56,7 @@ class ByteRateQuotas:
         self.window = cfg.window.quota_window()
         self.clients: dict[Bucket, SampledRate] = {}
         self.partitions: dict[PartitionKey, SampledRate] = {}
-        self.shapers: dict[Bucket, TokenBucket] = {}  # steady fetch shaping, per client bucket
+        self.shapers: dict[Bucket, TokenBucket] = {}  # steady shaping, per client bucket
         self._matches: dict[tuple[str, str], Match | None] = {}
         self._topic_quotas: dict[str, float | None] = {}
         self._last_expiry_ms = now_ms
@@ -131,7 +131,7 @@ class ByteRateQuotas:
                 self.cluster_buckets.add(bucket)
                 client_quota = self.cluster.share(self.kind, bucket, client_quota, measured, now_ms)
             client_ms = throttle_time_ms(measured, client_quota, rate.window_ms(now_ms))
-        shaped = self._shaping(match)
+        shaped = self.shaped(match)
         if shaped:
             assert match is not None
             shaper = self._shaper(match, now_ms)
@@ -142,11 +142,20 @@ class ByteRateQuotas:
         self.maybe_expire(now_ms)
         return Decision(max(client_ms, part_ms), client_ms, part_ms, bucket, match, measured, worst, shaped)
 
-    def _shaping(self, match: Match | None) -> bool:
-        """Steady fetch shaping applies to this entity's fetches (not to cluster-scoped quotas,
-        whose share is decided per response from the other instances' rates)."""
-        steady = self.cfg.fetch_shaping == "steady"
-        return steady and not self.produce and match is not None and not match.cluster
+    def shaped(self, match: Match | None) -> bool:
+        """Steady shaping applies to this entity (not to cluster-scoped quotas, whose share is
+        decided per request from the other instances' rates).
+
+        Kafka's windowed rate forgets a sample once it is a window old; a client whose burst is
+        bigger than the window holds (several connections, each with requests in flight) has
+        part of it forgotten before its throttle has paid for it, and runs over its quota. The
+        token bucket forgets nothing: over any stretch, quota x time plus one burst."""
+        mode = self.cfg.produce_shaping if self.produce else self.cfg.fetch_shaping
+        return mode == "steady" and match is not None and not match.cluster
+
+    def shaper(self, bucket: Bucket) -> TokenBucket | None:
+        """The steady-shaping token bucket of ``bucket``, if it has one yet."""
+        return self.shapers.get(bucket)
 
     def _shaper(self, match: Match, now_ms: float) -> TokenBucket:
         burst = match.quota * self.window.max_value_factor_ms / 1000.0
@@ -222,7 +231,7 @@ class ByteRateQuotas:
         if match is None:
             return None
         cap = max(1, int(match.quota * self.window.max_value_factor_ms / 1000.0))
-        if not self._shaping(match):
+        if not self.shaped(match):
             return cap
         # What the bucket holds now, but never less than one window sample's worth: a fetch the
         # size of a few bytes would cost a round trip for nothing; the throttle settles the rest.
@@ -241,7 +250,8 @@ class ByteRateQuotas:
             for key in stale:
                 del table[key]  # type: ignore[arg-type]
                 self.cluster_buckets.discard(key)
-            dropped += len(stale)
+            if table is not self.shapers:  # a shaper is part of its client's state, not counted
+                dropped += len(stale)
         if dropped and len(self._matches) > 4 * max(1, len(self.clients)):
             self._matches.clear()
         return dropped

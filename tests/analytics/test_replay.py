@@ -80,12 +80,17 @@ def by_key(results: list[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any
 
 def test_worked_example_2100_ms() -> None:
     """quota 500 B/s, ten 400 B requests a second apart, then 2300 B half a second later: 6300 B
-    over a 10.5 s window is 600 B/s, (600 - 500) / 500 * 10500 = 2100 ms."""
-    cfg = QuotaConfig.model_validate({"clients": {"app": {"producer_byte_rate": 500}}})
+    over a 10.5 s window is 600 B/s, (600 - 500) / 500 * 10500 = 2100 ms: Kafka's formula
+    (``produce_shaping: kafka``); the default's token bucket still holds its burst here."""
+    steady = QuotaConfig.model_validate({"clients": {"app": {"producer_byte_rate": 500}}})
+    cfg = QuotaConfig.model_validate(
+        {"produce_shaping": "kafka", "clients": {"app": {"producer_byte_rate": 500}}}
+    )
     rows = [row(T0 + i * 1000, "u", "app", request_bytes=400) for i in range(10)]
     rows.append(row(T0 + 9500, "u", "app", request_bytes=2300))
     decided = replay_requests(rows, cfg, strict_from=STRICT)
     assert [d["throttle_ms"] for d in decided] == [0] * 10 + [2100]
+    assert [d["throttle_ms"] for d in replay_requests(rows, steady, strict_from=STRICT)] == [0] * 11
     (result,) = replay_rows(rows, cfg, strict_from=STRICT)
     assert result["quota"] == PRODUCER_BYTE_RATE and (result["user"], result["client_id"]) == ("", "app")
     assert (result["level"], result["quota_value"], result["requests"]) == (7, 500.0, 11)

@@ -57,12 +57,13 @@ def test_dry_run_and_topic_quotas_hold_nobody() -> None:
     assert topic.hold_ms(True, "ANONYMOUS", "app") == 0  # a partition's quota is no client's
 
 
-def test_off_by_default() -> None:
+def test_on_by_default_and_off_when_set() -> None:
     now = [100.0]
-    cfg = QuotaConfig.model_validate({"clients": {"app": {"producer_byte_rate": 1000}}})
-    enforcer = QuotaEnforcer(cfg, ProxyMetrics(), clock=lambda: now[0])
-    assert enforcer.on_produce("ANONYMOUS", "app", 50_000, _produce(_batch(-1))).throttle_ms > 0
-    assert enforcer.hold_ms(True, "ANONYMOUS", "app") == 0
+    for setting, held in (({}, True), ({"hold_across_connections": False}, False)):
+        cfg = QuotaConfig.model_validate({"clients": {"app": {"producer_byte_rate": 1000}}, **setting})
+        enforcer = QuotaEnforcer(cfg, ProxyMetrics(), clock=lambda: now[0])
+        assert enforcer.on_produce("ANONYMOUS", "app", 50_000, _produce(_batch(-1))).throttle_ms > 0
+        assert (enforcer.hold_ms(True, "ANONYMOUS", "app") > 0) is held
 
 
 def test_holds_that_passed_are_swept() -> None:
