@@ -14,8 +14,8 @@ How each captured row is replayed (``api_key``):
 - Fetch (1): ``ByteRateQuotas(fetch).record(principal, client_id, response_bytes, partitions)`` at
   the time the proxy charged it, the response: ``ts_ms + upstream_ms``. A throttled fetch is
   answered empty, so its bytes are taken back (``unrecord``) unless the config is in dry-run (the
-  proxy keeps them then; ``enforce`` overrides that) or steady fetch shaping sized it to the client
-  quota (``fetch_shaping: steady``: delivered with its throttle).
+  proxy keeps them then; ``enforce`` overrides that) or its throttles all come from steady shaping
+  (``fetch_shaping: steady``: delivered with its throttle).
 - InitProducerId (22): ``ProducerIdQuotas.pending_throttle_ms`` at the response, as the proxy
   answers it.
 - CreateTopics, DeleteTopics, CreatePartitions with ``mutations >= 0``:
@@ -384,11 +384,11 @@ class _Replayer:
         self, user: str, client_id: str, size: int, usages: list[PartitionUsage], t: float
     ) -> int:
         """QuotaEnforcer.on_fetch_response: a throttled fetch goes out empty, its bytes taken back,
-        unless steady shaping sized it to the quota (then it goes out with its throttle)."""
+        unless its throttles all come from steady shaping (then it goes out with them)."""
         if not self.fetch.active:
             return 0
         throttle, stat, decision = self._record(self.fetch, user, client_id, size, usages, t)
-        delivered = decision.shaped and decision.partition_throttle_ms == 0
+        delivered = decision.deliverable
         if throttle and self.enforce and not delivered:
             self.fetch.unrecord(decision, size, usages, t)
         stat.effective(throttle)

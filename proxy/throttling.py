@@ -183,10 +183,9 @@ class QuotaEnforcer:
         if busy is not None and any(p.size for p in parts):
             request_ms = self.on_request_time(user, client_id, ApiKey.FETCH, busy)
             throttle = max(throttle, request_ms)
-        # A fetch sized to the quota beforehand (steady shaping) goes out with its throttle; any
-        # other throttle refuses it whole, as Kafka does.
-        shaped = decision is not None and decision.shaped and decision.partition_throttle_ms == 0
-        deliver = shaped and not request_ms
+        # A fetch whose throttles all come from steady shaping (token buckets that its bytes are
+        # paid into) goes out with them; any other throttle refuses it whole, as Kafka does.
+        deliver = decision is not None and decision.deliverable and not request_ms
         refuse = bool(throttle) and not deliver
         if refuse and decision is not None and not self.dry_run:
             self.fetch.unrecord(decision, response_size, usage, now)

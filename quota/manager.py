@@ -39,10 +39,20 @@ class Decision:
     # The client throttle came from steady shaping (a token bucket at the quota). A fetch so
     # throttled goes to the client with it (nothing refused): it was sized to the quota beforehand.
     shaped: bool = False
+    # The partition throttles came from steady shaping too (a token bucket per partition).
+    partitions_shaped: bool = False
 
     @property
     def throttled(self) -> bool:
         return self.throttle_ms > 0
+
+    @property
+    def deliverable(self) -> bool:
+        """Every throttle of this decision came from steady shaping: a fetch goes to the client
+        with its throttle, its bytes paid for by the buckets, rather than answered empty."""
+        return (self.client_throttle_ms == 0 or self.shaped) and (
+            self.partition_throttle_ms == 0 or self.partitions_shaped
+        )
 
 
 class ByteRateQuotas:
@@ -57,6 +67,7 @@ class ByteRateQuotas:
         self.clients: dict[Bucket, SampledRate] = {}
         self.partitions: dict[PartitionKey, SampledRate] = {}
         self.shapers: dict[Bucket, TokenBucket] = {}  # steady shaping, per client bucket
+        self.partition_shapers: dict[PartitionKey, TokenBucket] = {}  # and per partition
         self._matches: dict[tuple[str, str], Match | None] = {}
         self._topic_quotas: dict[str, float | None] = {}
         self._last_expiry_ms = now_ms
@@ -75,6 +86,7 @@ class ByteRateQuotas:
             self.clients.clear()
             self.partitions.clear()
             self.shapers.clear()
+            self.partition_shapers.clear()
         self._matches.clear()
         self._topic_quotas.clear()
         self.cluster_buckets.clear()  # matched again, with the new scopes, at the next request
@@ -140,7 +152,22 @@ class ByteRateQuotas:
         rate.throttled_ms += client_ms
         part_ms, worst = self.record_partitions(partitions, now_ms)
         self.maybe_expire(now_ms)
-        return Decision(max(client_ms, part_ms), client_ms, part_ms, bucket, match, measured, worst, shaped)
+        return Decision(
+            max(client_ms, part_ms),
+            client_ms,
+            part_ms,
+            bucket,
+            match,
+            measured,
+            worst,
+            shaped,
+            partitions_shaped=self.steady,
+        )
+
+    @property
+    def steady(self) -> bool:
+        """Steady shaping is this table's mode (``produce_shaping`` / ``fetch_shaping``)."""
+        return (self.cfg.produce_shaping if self.produce else self.cfg.fetch_shaping) == "steady"
 
     def shaped(self, match: Match | None) -> bool:
         """Steady shaping applies to this entity (not to cluster-scoped quotas, whose share is
@@ -150,12 +177,20 @@ class ByteRateQuotas:
         bigger than the window holds (several connections, each with requests in flight) has
         part of it forgotten before its throttle has paid for it, and runs over its quota. The
         token bucket forgets nothing: over any stretch, quota x time plus one burst."""
-        mode = self.cfg.produce_shaping if self.produce else self.cfg.fetch_shaping
-        return mode == "steady" and match is not None and not match.cluster
+        return self.steady and match is not None and not match.cluster
 
     def shaper(self, bucket: Bucket) -> TokenBucket | None:
         """The steady-shaping token bucket of ``bucket``, if it has one yet."""
         return self.shapers.get(bucket)
+
+    def _partition_shaper(self, key: PartitionKey, quota: float, now_ms: float) -> TokenBucket:
+        burst = quota * self.window.max_value_factor_ms / 1000.0
+        shaper = self.partition_shapers.get(key)
+        if shaper is None:
+            shaper = self.partition_shapers[key] = TokenBucket(quota, burst, now_ms)
+        elif shaper.rate != quota or shaper.burst != burst:
+            shaper.reconfigure(quota, burst, now_ms)
+        return shaper
 
     def _shaper(self, match: Match, now_ms: float) -> TokenBucket:
         burst = match.quota * self.window.max_value_factor_ms / 1000.0
@@ -172,9 +207,12 @@ class ByteRateQuotas:
         """Charge KIP-1010 topic-partition quotas alone; the largest throttle and its partition.
 
         ``record`` calls it for every request; the proxy calls it by itself for bytes whose topic
-        was addressed by an id it had to look up first (charged once the name is known)."""
+        was addressed by an id it had to look up first (charged once the name is known). Under
+        steady shaping each partition's throttle comes from its own token bucket at the topic's
+        rate, for the reason ``shaped`` gives."""
         part_ms = 0
         worst: PartitionKey | None = None
+        steady = self.steady
         for usage in partitions:
             quota = self.topic_quota(usage.topic)
             if quota is None:
@@ -182,7 +220,12 @@ class ByteRateQuotas:
             key = (usage.topic, usage.partition)
             prate = self._rate(self.partitions, key, now_ms)
             prate.record(usage.size, now_ms)
-            ms = throttle_time_ms(prate.measure(now_ms), quota, prate.window_ms(now_ms))
+            if steady:
+                shaper = self._partition_shaper(key, quota, now_ms)
+                shaper.record(usage.size, now_ms)
+                ms = shaper.throttle_ms(now_ms)
+            else:
+                ms = throttle_time_ms(prate.measure(now_ms), quota, prate.window_ms(now_ms))
             prate.throttled_ms += ms
             if ms > part_ms:
                 part_ms, worst = ms, key
@@ -199,9 +242,13 @@ class ByteRateQuotas:
         if shaper is not None:
             shaper.record(-size, now_ms)
         for usage in partitions:
-            prate = self.partitions.get((usage.topic, usage.partition))
+            key = (usage.topic, usage.partition)
+            prate = self.partitions.get(key)
             if prate is not None:
                 prate.unrecord(usage.size, now_ms)
+            pshaper = self.partition_shapers.get(key) if decision.partitions_shaped else None
+            if pshaper is not None:
+                pshaper.record(-usage.size, now_ms)
 
     def cluster_rates(self, now_ms: float) -> list[tuple[str, Bucket, float]]:
         """This instance's rate for each cluster-scoped bucket: what it reports to the others."""
@@ -245,12 +292,12 @@ class ByteRateQuotas:
         self._last_expiry_ms = now_ms
         horizon = now_ms - self.cfg.idle_expiry_seconds * 1000.0
         dropped = 0
-        for table in (self.clients, self.partitions, self.shapers):
+        for table in (self.clients, self.partitions, self.shapers, self.partition_shapers):
             stale = [k for k, r in table.items() if r.last_record_ms < horizon]
             for key in stale:
                 del table[key]  # type: ignore[arg-type]
                 self.cluster_buckets.discard(key)
-            if table is not self.shapers:  # a shaper is part of its client's state, not counted
+            if table is self.clients or table is self.partitions:  # a shaper is part of that state
                 dropped += len(stale)
         if dropped and len(self._matches) > 4 * max(1, len(self.clients)):
             self._matches.clear()

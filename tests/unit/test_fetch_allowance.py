@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from quota.config import QuotaConfig
-from quota.manager import ByteRateQuotas
+from quota.manager import ByteRateQuotas, PartitionUsage
 
 QUOTA = 512 * 1024
 
@@ -91,3 +91,43 @@ def test_kafka_cap_alone_bursts_then_goes_silent() -> None:
 
 def test_no_quota_no_cap() -> None:
     assert _quotas().fetch_allowance("u", "other", 0.0) is None
+
+
+def _partition_quotas(shaping: str) -> ByteRateQuotas:
+    cfg = QuotaConfig.model_validate(
+        {"topics": {"t": {"consumer.byte.rate": QUOTA}}, "fetch_shaping": shaping}
+    )
+    return ByteRateQuotas(cfg, produce=False, now_ms=0.0)
+
+
+def _consume_partition(q: ByteRateQuotas, seconds: float) -> tuple[list[tuple[float, int]], int]:
+    """A consumer of one partition of topic t, with a KIP-1010 quota and no client quota: each
+    fetch brings max.partition.fetch.bytes (1 MiB), as a broker would with data waiting."""
+    now, got, empty = 0.0, 0, 0
+    marks = [(0.0, 0)]
+    size = 1024 * 1024
+    while now < seconds * 1000:
+        now += 2.0
+        usage = [PartitionUsage("t", 0, size)]
+        decision = q.record("u", "c", size, usage, now)
+        if decision.throttled and not decision.deliverable:  # Kafka: answered empty
+            q.unrecord(decision, size, usage, now)
+            empty += 1
+        else:
+            got += size
+        now += decision.throttle_ms
+        marks.append((now / 1000.0, got))
+    return marks, empty
+
+
+def test_a_topic_partition_quota_is_paid_for_not_refused() -> None:
+    """Steady: a fetch over its partition's quota goes out with the throttle its partition's token
+    bucket needs to pay for it, so the consumer gets the topic's rate and nothing is thrown away;
+    Kafka's windowed rate refuses it and lets the next burst through as samples expire."""
+    marks, empty = _consume_partition(_partition_quotas("steady"), 100.0)
+    assert empty == 0
+    for span in ((12.0, 45.0), (12.0, 100.0)):
+        rate = _mean_rate(marks, *span)
+        assert abs(rate - QUOTA) / QUOTA < 0.05, f"{span}: {rate / 1024:.0f} KiB/s"
+    _marks, empty = _consume_partition(_partition_quotas("kafka"), 100.0)
+    assert empty > 0
