@@ -1,0 +1,85 @@
+"""One quota across connections and brokers: a client producing to partition leaders on three
+brokers, with five requests in flight and 1 MiB batches, is held to its quota as a whole. A broker
+enforces its own copy of the quota on its own connections, so the same client straight to the
+three brokers would get up to three times it; through the proxy its connections share one quota
+(steady shaping: one token bucket) and, once it is throttled, are all held until the throttle has
+passed (hold_across_connections, the default)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dev.harness import KafkaCluster
+from dev.proxy_process import ProxyProcess, gateway_config
+from tests.integration.clients import delivery_errors_into, stop_greedy_producer
+from tests.integration.test_quotas import CYCLE, STEADY, WINDOW, OffsetSampler, steady_rate
+
+pytestmark = pytest.mark.integration
+
+KiB = 1024
+
+
+def _leaders(cluster: KafkaCluster, topic: str) -> set[int]:
+    from confluent_kafka.admin import AdminClient
+
+    meta = AdminClient({"bootstrap.servers": cluster.bootstrap_servers}).list_topics(topic, timeout=10)
+    return {p.leader for p in meta.topics[topic].partitions.values()}
+
+
+@pytest.mark.timeout(240)
+def test_pipelining_client_on_three_brokers_is_held_to_one_quota(
+    kafka_cluster3: KafkaCluster, tmp_path: Path
+) -> None:
+    from confluent_kafka import Producer
+
+    topic = f"one-quota-{uuid.uuid4().hex[:6]}"
+    kafka_cluster3.create_topic(topic, partitions=3, replication=1)
+    assert _leaders(kafka_cluster3, topic) == {1, 2, 3}, "the partitions' leaders are not on three brokers"
+    quota = 2048 * KiB  # two 1 MiB batches a second: fine enough a grain to measure in seconds
+    quotas = {"window": WINDOW, "clients": {"aggressive": {"producer_byte_rate": quota}}}
+    with ProxyProcess(gateway_config(kafka_cluster3, quotas=quotas), workdir=tmp_path) as proxy:
+        producer = Producer(
+            {
+                "bootstrap.servers": proxy.bootstrap,
+                "client.id": "aggressive",
+                "acks": 1,
+                "linger.ms": 5,
+                "batch.size": 1024 * KiB,
+                "max.in.flight.requests.per.connection": 5,
+                "enable.idempotence": False,
+            }
+        )
+        errors: list[str] = []
+        stop = threading.Event()
+
+        def produce() -> None:
+            payload = b"a" * 1024
+            while not stop.is_set():
+                try:
+                    producer.produce(topic, payload, on_delivery=delivery_errors_into(errors))
+                except BufferError:
+                    producer.poll(0.05)
+                producer.poll(0)
+
+        worker = threading.Thread(target=produce, daemon=True)
+        sampler = OffsetSampler(kafka_cluster3, topic)
+        start = time.monotonic()
+        worker.start()
+        try:
+            sampler.sample_until(start, STEADY[1])
+        finally:
+            stop.set()
+            worker.join(30)
+            sampler.close()
+        stop_greedy_producer(producer)
+        assert not errors, errors[:3]
+        per_partition = {p: s[-1][1] for p, s in sampler.by_partition.items()}
+        assert all(per_partition.values()), f"a broker got nothing: {per_partition}"
+        rate = steady_rate([(t, n * 1024) for t, n in sampler.samples], *STEADY, cycle=CYCLE)
+        assert abs(rate - quota) / quota < 0.10, f"{rate / KiB:.0f} KiB/s over three brokers, quota 2048"
+        assert proxy.metric("kthrottle_entity_holds_total", {"api": "Produce"}) > 0
