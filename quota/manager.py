@@ -137,18 +137,18 @@ class ByteRateQuotas:
         rate.record(size, now_ms)
         measured = rate.measure(now_ms)
         client_ms = 0
-        if match is not None:
+        shaped = self.shaped(match)
+        if shaped:
+            assert match is not None
+            shaper = self._bucket(self.shapers, match.bucket, match.quota, now_ms)
+            shaper.record(size, now_ms)
+            client_ms = shaper.throttle_ms(now_ms)
+        elif match is not None:
             client_quota = match.quota
             if match.cluster and self.cluster is not None:
                 self.cluster_buckets.add(bucket)
                 client_quota = self.cluster.share(self.kind, bucket, client_quota, measured, now_ms)
             client_ms = throttle_time_ms(measured, client_quota, rate.window_ms(now_ms))
-        shaped = self.shaped(match)
-        if shaped:
-            assert match is not None
-            shaper = self._shaper(match, now_ms)
-            shaper.record(size, now_ms)
-            client_ms = shaper.throttle_ms(now_ms)
         rate.throttled_ms += client_ms
         part_ms, worst = self.record_partitions(partitions, now_ms)
         self.maybe_expire(now_ms)
@@ -183,22 +183,20 @@ class ByteRateQuotas:
         """The steady-shaping token bucket of ``bucket``, if it has one yet."""
         return self.shapers.get(bucket)
 
-    def _partition_shaper(self, key: PartitionKey, quota: float, now_ms: float) -> TokenBucket:
+    def _bucket(
+        self,
+        table: dict[Bucket, TokenBucket] | dict[PartitionKey, TokenBucket],
+        key: Bucket | PartitionKey,
+        quota: float,
+        now_ms: float,
+    ) -> TokenBucket:
+        """The steady-shaping token bucket of ``key`` at ``quota``, holding Kafka's burst."""
         burst = quota * self.window.max_value_factor_ms / 1000.0
-        shaper = self.partition_shapers.get(key)
+        shaper = table.get(key)  # type: ignore[arg-type]
         if shaper is None:
-            shaper = self.partition_shapers[key] = TokenBucket(quota, burst, now_ms)
+            shaper = table[key] = TokenBucket(quota, burst, now_ms)  # type: ignore[index]
         elif shaper.rate != quota or shaper.burst != burst:
             shaper.reconfigure(quota, burst, now_ms)
-        return shaper
-
-    def _shaper(self, match: Match, now_ms: float) -> TokenBucket:
-        burst = match.quota * self.window.max_value_factor_ms / 1000.0
-        shaper = self.shapers.get(match.bucket)
-        if shaper is None:
-            shaper = self.shapers[match.bucket] = TokenBucket(match.quota, burst, now_ms)
-        elif shaper.rate != match.quota or shaper.burst != burst:
-            shaper.reconfigure(match.quota, burst, now_ms)
         return shaper
 
     def record_partitions(
@@ -221,7 +219,7 @@ class ByteRateQuotas:
             prate = self._rate(self.partitions, key, now_ms)
             prate.record(usage.size, now_ms)
             if steady:
-                shaper = self._partition_shaper(key, quota, now_ms)
+                shaper = self._bucket(self.partition_shapers, key, quota, now_ms)
                 shaper.record(usage.size, now_ms)
                 ms = shaper.throttle_ms(now_ms)
             else:
@@ -283,7 +281,8 @@ class ByteRateQuotas:
         # What the bucket holds now, but never less than one window sample's worth: a fetch the
         # size of a few bytes would cost a round trip for nothing; the throttle settles the rest.
         chunk = match.quota * self.window.size_ms / 1000.0
-        return max(1, min(cap, int(max(self._shaper(match, now_ms).tokens(now_ms), chunk))))
+        shaper = self._bucket(self.shapers, match.bucket, match.quota, now_ms)
+        return max(1, min(cap, int(max(shaper.tokens(now_ms), chunk))))
 
     def maybe_expire(self, now_ms: float) -> int:
         """Drop state idle for ``idle_expiry_seconds``; runs at most once a window."""
