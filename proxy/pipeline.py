@@ -343,6 +343,9 @@ class Pipeline:
             self._watch_handle.cancel()
         for task in self._tasks:
             task.cancel()
+        for entry in self.in_flight:  # fetches that will never be answered give back their share
+            if entry.fetch is not None and entry.fetch.grant is not None:
+                self.server.enforcer.release_fetch(entry.fetch.grant)
         self.server.pipeline_closed(self)
 
     def reject(self, reason: str, label: str) -> None:
@@ -863,10 +866,14 @@ class Pipeline:
         """Note the fetch session (for a throttled answer) and cap max_bytes as Kafka does."""
         version = header.api_version
         body = messages.decode_request(ApiKey.FETCH, version, memoryview(frame)[header.size :])
-        cap = self.server.enforcer.fetch_cap(self.user, client_id)
+        requested = int(body["max_bytes"]) if version >= 3 and "max_bytes" in body else None
+        grant = self.server.enforcer.fetch_grant(self.user, client_id, requested)
+        cap = grant.allowed if grant is not None else None
         if cap is not None:
             cap_fetch_max_bytes(version, frame, header.size, cap)
-        return fetch_request_info(version, body)
+        info = fetch_request_info(version, body)
+        info.grant = grant
+        return info
 
     def mute(self, throttle_ms: int) -> None:
         """Stop reading from the client for ``throttle_ms`` (KIP-219's channel mute)."""
@@ -1081,7 +1088,12 @@ class Pipeline:
         if entry.fetch is not None:
             enforcer = self.server.enforcer
             charge = enforcer.on_fetch_response(
-                self.user, entry.client_id, len(frame), body, entry.busy if entry.charge_time else None
+                self.user,
+                entry.client_id,
+                len(frame),
+                body,
+                entry.busy if entry.charge_time else None,
+                entry.fetch.grant,
             )
             if entry.capture is not None:
                 entry.capture.on_fetch(charge.partitions, charge.throttle_ms)

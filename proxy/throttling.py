@@ -24,7 +24,7 @@ from proxy.topic_names import TopicNames
 from quota.config import QuotaConfig
 from quota.connections import ConnectionRateQuotas
 from quota.entities import Bucket
-from quota.manager import ByteRateQuotas, Decision, PartitionUsage
+from quota.manager import ByteRateQuotas, Decision, FetchGrant, PartitionUsage
 from quota.mutations import MutationQuotas
 from quota.producer_ids import ProducerIdQuotas
 from quota.request_time import RequestTimeQuotas, exempt
@@ -45,6 +45,7 @@ FINAL_EPOCH = -1
 class FetchRequestInfo:
     session_id: int
     session_epoch: int
+    grant: FetchGrant | None = None  # its share of the entity's fetch allowance, while in flight
 
 
 def _usage(parts: list[messages.PartitionBytes]) -> list[PartitionUsage]:
@@ -150,24 +151,42 @@ class QuotaEnforcer:
 
     # --- fetch -------------------------------------------------------------------------------
 
-    def fetch_cap(self, user: str, client_id: str) -> int | None:
-        """What a Fetch's max_bytes is lowered to (None: leave it): ``fetch_allowance``."""
+    def fetch_grant(self, user: str, client_id: str, requested: int | None) -> FetchGrant | None:
+        """What a Fetch's max_bytes is lowered to (None: leave it), held against its entity's
+        allowance until ``release_fetch`` (``ByteRateQuotas.grant_fetch``). A dry run lowers it to
+        Kafka's cap alone and holds nothing."""
         if self.dry_run:
-            return self.fetch.max_bytes_in_window(user, client_id)
-        return self.fetch.fetch_allowance(user, client_id, self.now_ms())
+            match = self.fetch.match(user, client_id)
+            cap = self.fetch.max_bytes_in_window(user, client_id)
+            if match is None or cap is None:
+                return None
+            return FetchGrant(match.bucket, cap, 0, self.now_ms())
+        return self.fetch.grant_fetch(user, client_id, requested, self.now_ms())
+
+    def release_fetch(self, grant: FetchGrant) -> None:
+        """A granted fetch was answered, or its connection closed first."""
+        self.fetch.release(grant)
 
     def on_fetch_response(
-        self, user: str, client_id: str, response_size: int, body: dict[str, Any], busy: float | None
+        self,
+        user: str,
+        client_id: str,
+        response_size: int,
+        body: dict[str, Any],
+        busy: float | None,
+        grant: FetchGrant | None = None,
     ) -> FetchCharge:
         """Charge a fetch response (its bytes; its upstream time when ``busy`` is given); the
         throttle decided is what to answer it with (0: let it through).
 
         As Kafka does, a fetch over either quota is answered empty, so its bytes are taken back;
-        except one sized to the client's quota by steady shaping (``fetch_cap``), which is
+        except one sized to the client's quota by steady shaping (``fetch_grant``), which is
         delivered with its throttle: nothing fetched is thrown away.
         The time of a fetch that came back without records is not charged: the broker was
         waiting out max_wait_ms, not working.
         """
+        if grant is not None:
+            self.release_fetch(grant)  # what it brought is charged instead
         now = self.now_ms()
         throttle = 0
         decision: Decision | None = None

@@ -16,6 +16,9 @@ from quota.rate import SampledRate, throttle_time_ms
 from quota.token_bucket import TokenBucket
 
 PartitionKey = tuple[str, int]
+# A grant not given back within this long is forgotten (a client's default request.timeout.ms):
+# a fetch whose answer never came must not keep its entity's allowance small for ever.
+GRANT_MAX_AGE_MS = 30_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,19 @@ class Decision:
         )
 
 
+@dataclass(slots=True, eq=False)
+class FetchGrant:
+    """The max_bytes a Fetch was allowed and the part of its entity's tokens held for it while it
+    is in flight, so fetches sent together (one per broker, or pipelined) share what the bucket
+    holds instead of each being allowed all of it."""
+
+    bucket: Bucket
+    allowed: int
+    reserved: int
+    at_ms: float
+    released: bool = False
+
+
 class ByteRateQuotas:
     """``producer_byte_rate`` (produce=True) or ``consumer_byte_rate`` for clients, plus the
     matching KIP-1010 topic-partition quota, with idle state expiring."""
@@ -68,6 +84,7 @@ class ByteRateQuotas:
         self.partitions: dict[PartitionKey, SampledRate] = {}
         self.shapers: dict[Bucket, TokenBucket] = {}  # steady shaping, per client bucket
         self.partition_shapers: dict[PartitionKey, TokenBucket] = {}  # and per partition
+        self.grants: dict[Bucket, list[FetchGrant]] = {}  # fetches in flight, per client bucket
         self._matches: dict[tuple[str, str], Match | None] = {}
         self._topic_quotas: dict[str, float | None] = {}
         self._last_expiry_ms = now_ms
@@ -266,8 +283,9 @@ class ByteRateQuotas:
 
     def fetch_allowance(self, user: str, client_id: str, now_ms: float) -> int | None:
         """The most a Fetch may bring back now without putting its entity over the quota (None:
-        no quota applies): what the window still holds, within Kafka's cap of quota x (num - 1)
-        x size, and at least 1 byte (a broker then still returns the first batch, KIP-74).
+        no quota applies): what the bucket holds beyond the fetches already in flight
+        (``grant_fetch``), within Kafka's cap of quota x (num - 1) x size, and at least 1 byte (a
+        broker then still returns the first batch, KIP-74).
 
         Kafka caps a fetch at that much and answers a fetch that goes over empty, so a greedy
         consumer sees bursts and then silence; sized to what is left, each fetch comes back
@@ -282,7 +300,50 @@ class ByteRateQuotas:
         # size of a few bytes would cost a round trip for nothing; the throttle settles the rest.
         chunk = match.quota * self.window.size_ms / 1000.0
         shaper = self._bucket(self.shapers, match.bucket, match.quota, now_ms)
-        return max(1, min(cap, int(max(shaper.tokens(now_ms), chunk))))
+        free = shaper.tokens(now_ms) - self._reserved(match.bucket, now_ms)
+        return max(1, min(cap, int(max(free, chunk))))
+
+    def grant_fetch(
+        self, user: str, client_id: str, requested: int | None, now_ms: float
+    ) -> FetchGrant | None:
+        """``fetch_allowance`` for a Fetch about to be sent, held against the entity's tokens until
+        ``release`` (None: no quota applies). ``requested`` is the Fetch's own max_bytes.
+
+        A client fetches from every broker at once (and may pipeline): allowed the whole bucket
+        each, three fetches bring three buckets' worth, and the entity then owes minutes of
+        silence. What is held is what the fetch may bring back, its own max_bytes included."""
+        allowed = self.fetch_allowance(user, client_id, now_ms)
+        if allowed is None:
+            return None
+        match = self.match(user, client_id)
+        assert match is not None
+        reserved = allowed if requested is None else max(0, min(allowed, requested))
+        grant = FetchGrant(match.bucket, allowed, reserved if self.shaped(match) else 0, now_ms)
+        if grant.reserved:
+            self.grants.setdefault(match.bucket, []).append(grant)
+        return grant
+
+    def release(self, grant: FetchGrant) -> None:
+        """The fetch was answered (or will never be): what it held goes back. Idempotent."""
+        if grant.released:
+            return
+        grant.released = True
+        held = self.grants.get(grant.bucket)
+        if held is not None and grant in held:
+            held.remove(grant)
+            if not held:
+                del self.grants[grant.bucket]
+
+    def _reserved(self, bucket: Bucket, now_ms: float) -> int:
+        held = self.grants.get(bucket)
+        if not held:
+            return 0
+        horizon = now_ms - GRANT_MAX_AGE_MS
+        if held[0].at_ms < horizon:  # oldest first: grants are appended in time order
+            for grant in [g for g in held if g.at_ms < horizon]:
+                self.release(grant)
+            held = self.grants.get(bucket, [])
+        return sum(g.reserved for g in held)
 
     def maybe_expire(self, now_ms: float) -> int:
         """Drop state idle for ``idle_expiry_seconds``; runs at most once a window."""

@@ -3,10 +3,14 @@ brokers, with five requests in flight and 1 MiB batches, is held to its quota as
 enforces its own copy of the quota on its own connections, so the same client straight to the
 three brokers would get up to three times it; through the proxy its connections share one quota
 (steady shaping: one token bucket) and, once it is throttled, are all held until the throttle has
-passed (hold_across_connections, the default)."""
+passed (hold_across_connections, the default). A consumer fetching from the three leaders at once
+shares its fetch allowance the same way."""
 
 from __future__ import annotations
 
+import itertools
+import re
+import subprocess
 import threading
 import time
 import uuid
@@ -14,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dev.harness import KafkaCluster
+from dev.harness import KafkaCluster, java_command
 from dev.proxy_process import ProxyProcess, gateway_config
 from tests.integration.clients import delivery_errors_into, stop_greedy_producer
 from tests.integration.test_quotas import CYCLE, STEADY, WINDOW, OffsetSampler, steady_rate
@@ -22,6 +26,8 @@ from tests.integration.test_quotas import CYCLE, STEADY, WINDOW, OffsetSampler, 
 pytestmark = pytest.mark.integration
 
 KiB = 1024
+MiB = 1024 * KiB
+RATE_CONSUMER = str(Path(__file__).parent / "java" / "RateConsumer.java")
 
 
 def _leaders(cluster: KafkaCluster, topic: str) -> set[int]:
@@ -83,3 +89,40 @@ def test_pipelining_client_on_three_brokers_is_held_to_one_quota(
         rate = steady_rate([(t, n * 1024) for t, n in sampler.samples], *STEADY, cycle=CYCLE)
         assert abs(rate - quota) / quota < 0.10, f"{rate / KiB:.0f} KiB/s over three brokers, quota 2048"
         assert proxy.metric("kthrottle_entity_holds_total", {"api": "Produce"}) > 0
+
+
+@pytest.mark.timeout(240)
+def test_consumer_fetching_from_three_brokers_at_once_shares_its_allowance(
+    kafka_cluster3: KafkaCluster, tmp_path: Path
+) -> None:
+    """Kafka's Java consumer with 50 MB fetches (10 MB per partition) sends one Fetch to each leader
+    at once. Were each sized to the whole bucket, the three would bring three bursts at once and the
+    consumer would then get nothing for about ten seconds while they are paid back; sized from what
+    the fetches in flight have not yet taken, it gets one burst and then its quota steadily."""
+    topic = f"one-quota-fetch-{uuid.uuid4().hex[:6]}"
+    kafka_cluster3.create_topic(topic, partitions=3, replication=1)
+    assert _leaders(kafka_cluster3, topic) == {1, 2, 3}, "the partitions' leaders are not on three brokers"
+    kafka_cluster3.fill_topic(topic, 48 * 1024)
+    quota = MiB
+    quotas = {"window": WINDOW, "clients": {"wide-consumer": {"consumer_byte_rate": quota}}}
+    with ProxyProcess(gateway_config(kafka_cluster3, quotas=quotas), workdir=tmp_path) as proxy:
+        cmd = java_command(
+            RATE_CONSUMER,
+            proxy.bootstrap,
+            topic,
+            "wide-consumer",
+            str(int(STEADY[1]) + 1),
+            "fetch.max.bytes=52428800",
+            "max.partition.fetch.bytes=10485760",
+        )
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+    marks = [(int(m[1]) / 1000.0, float(m[2])) for m in re.finditer(r"^AT (\d+) (\d+)$", done.stdout, re.M)]
+    first = next(t for t, n in marks if n > 0)
+    growth = [t for (_t0, n0), (t, n) in itertools.pairwise(marks) if n > n0 and t >= first]
+    silence = max(b - a for a, b in itertools.pairwise(growth))
+    burst = max(n for t, n in marks if t <= first + 1.0)
+    assert burst <= 5 * MiB + 3 * 1.1 * MiB, f"{burst / MiB:.1f} MiB at once; the bucket holds 5 MiB"
+    assert silence < 6.0, f"the consumer got nothing for {silence:.1f} s"
+    rate = steady_rate(marks, *STEADY, cycle=CYCLE)
+    assert abs(rate - quota) / quota < 0.10, f"{rate / KiB:.0f} KiB/s from three brokers, quota 1024"
