@@ -16,11 +16,18 @@ broker), and, on 1 broker, every client and setting against the broker's own quo
 Kafka's config command, straight to the broker), for reference. Value bytes read a little under
 the bytes a quota counts (record and request framing), through the proxy and the broker alike.
 
-Last line, one JSON object: max_abs_error (over the proxy cells), cells, client_errors,
-cells_worse_than_broker (1-broker cells whose error exceeds the broker's own for the same client
-and setting by more than 0.01), max_abs_broker_error, and each cell's signed error under its name
-(``<direction>_<client>_<brokers>b_<settings>``, ``topic_<direction>_java_1b``,
-``broker_<direction>_<client>_<settings>``).
+Through the proxy, each cell also measures the bytes the quota counts (the proxy's own request or
+response byte counter over the same seconds): its wire error. The broker's wire bytes cannot be
+read from outside, so a broker cell's wire error is its value-byte rate times the framing the
+same client and setting showed through the proxy. A cell is worse than the broker when its wire
+error is further from 0 than the broker's by more than 0.01: a broker that lets a client 1.5%
+past its quota reads closer to 0 in value bytes than an enforcer that holds the quota exactly.
+
+Last line, one JSON object: max_abs_error (value bytes, over the proxy cells), cells,
+client_errors, cells_worse_than_broker, max_abs_wire_error, max_abs_broker_error, each cell's
+signed value-byte error under its name (``<direction>_<client>_<brokers>b_<settings>``,
+``topic_<direction>_java_1b``, ``broker_<direction>_<client>_<settings>``), and ``wire_errors``:
+each proxy cell's wire error and each broker cell's estimated one.
 
 Usage: source dev/setup.sh && python bench/quota_fidelity.py [--seconds 46] [--only SUBSTRING] [--no-hold]
 """
@@ -32,8 +39,10 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +76,7 @@ class Cell:
     client: str
     settings: str
     rate: float = 0.0
+    wire_rate: float | None = None  # bytes the quota counts, per second (proxy cells)
     errors: int = 0
     first_error: str = ""
 
@@ -74,9 +84,42 @@ class Cell:
     def error(self) -> float:
         return (self.rate - QUOTA) / QUOTA
 
+    @property
+    def wire_error(self) -> float | None:
+        return None if self.wire_rate is None else (self.wire_rate - QUOTA) / QUOTA
 
-def run_client(cell: Cell, bootstrap: str, topic: str, client_id: str, seconds: float) -> None:
-    """Run the cell's client in its own process; fill in its mean rate over SPAN and its errors."""
+
+def wire_counter(proxy: ProxyProcess, direction: str) -> Callable[[], float]:
+    """The proxy's count of the bytes a byte-rate quota charges, for the cell running alone."""
+    if direction == "produce":
+        return lambda: proxy.metric("kthrottle_request_bytes_total", {"api": "Produce"})
+    return lambda: proxy.metric("kthrottle_response_bytes_total", {"api": "Fetch"})
+
+
+def sample_while(read: Callable[[], float], done: threading.Event, out: list[tuple[float, float]]) -> None:
+    start = time.monotonic()
+    while not done.is_set():
+        out.append((time.monotonic() - start, read()))
+        done.wait(0.25)
+
+
+def span_rate(marks: list[tuple[float, float]]) -> float:
+    def at(t: float) -> float:
+        return max((n for s, n in marks if s <= t), default=0.0)
+
+    return (at(SPAN[1]) - at(SPAN[0])) / (SPAN[1] - SPAN[0])
+
+
+def run_client(
+    cell: Cell,
+    bootstrap: str,
+    topic: str,
+    client_id: str,
+    seconds: float,
+    wire: Callable[[], float] | None = None,
+) -> None:
+    """Run the cell's client in its own process; fill in its mean rate over SPAN and its errors,
+    and with ``wire`` the rate of the bytes the quota counts over the same seconds."""
     if cell.client == "java":
         program = "RateProducer.java" if cell.direction == "produce" else "RateConsumer.java"
         extra = list(JAVA_SETTINGS.get((cell.direction, cell.settings), []))
@@ -95,8 +138,20 @@ def run_client(cell: Cell, bootstrap: str, topic: str, client_id: str, seconds: 
             str(seconds),
             cell.settings,
         ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120, check=False)
-    marks = [(int(m[1]) / 1000.0, int(m[2])) for m in re.finditer(r"^AT (\d+) (\d+)$", proc.stdout, re.M)]
+    wire_marks: list[tuple[float, float]] = []
+    done = threading.Event()
+    sampler = threading.Thread(target=sample_while, args=(wire, done, wire_marks)) if wire else None
+    if sampler is not None:
+        sampler.start()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120, check=False)
+    finally:
+        done.set()
+        if sampler is not None:
+            sampler.join()
+    if wire_marks:
+        cell.wire_rate = span_rate(wire_marks)
+    marks = [(int(m[1]) / 1000.0, float(m[2])) for m in re.finditer(r"^AT (\d+) (\d+)$", proc.stdout, re.M)]
     errors = re.search(r"^ERRORS (\d+) ?(.*)$", proc.stdout, re.M)
     if errors:
         cell.errors, cell.first_error = int(errors[1]), errors[2]
@@ -104,16 +159,14 @@ def run_client(cell: Cell, bootstrap: str, topic: str, client_id: str, seconds: 
         cell.errors += 1
         cell.first_error = cell.first_error or f"exit {proc.returncode}: {proc.stderr[-300:]}"
 
-    def at(t: float) -> int:
-        return max((n for s, n in marks if s <= t), default=0)
-
     if not marks or marks[-1][0] < SPAN[1]:
         cell.errors += 1
         cell.first_error = cell.first_error or f"ran {marks[-1][0] if marks else 0:.1f} s of {SPAN[1]}"
-    cell.rate = (at(SPAN[1]) - at(SPAN[0])) / (SPAN[1] - SPAN[0])
+    cell.rate = span_rate(marks)
+    wire_note = f"  wire {cell.wire_error:+.3f}" if cell.wire_error is not None else ""
     print(
-        f"{cell.name:<40} {cell.rate / KiB:7.0f} KiB/s  error {cell.error:+.3f}  client errors {cell.errors}"
-        + (f" ({cell.first_error})" if cell.errors else ""),
+        f"{cell.name:<40} {cell.rate / KiB:7.0f} KiB/s  error {cell.error:+.3f}{wire_note}"
+        f"  client errors {cell.errors}" + (f" ({cell.first_error})" if cell.errors else ""),
         flush=True,
     )
 
@@ -189,7 +242,8 @@ def run_cluster(brokers: int, cells: list[Cell], seconds: float, hold: bool) -> 
                     cluster.create_topic(topic, partitions=3, replication=1)
                 else:
                     topic = fetch_topic
-                run_client(cell, proxy.bootstrap, topic, f"fid-{cell.name}", seconds)
+                wire = wire_counter(proxy, cell.direction)
+                run_client(cell, proxy.bootstrap, topic, f"fid-{cell.name}", seconds, wire)
         for cell in [c for c in cells if c.name.startswith("broker_")]:
             client_id = f"fid-{cell.name}"
             key = "producer_byte_rate" if cell.direction == "produce" else "consumer_byte_rate"
@@ -224,21 +278,32 @@ def main() -> None:
     ours = [c for c in cells if not c.name.startswith("broker_")]
     brokers_own = {c.name.removeprefix("broker_"): c for c in cells if c.name.startswith("broker_")}
     worse = []
+    wire_errors: dict[str, float] = {c.name: round(c.wire_error, 4) for c in ours if c.wire_error is not None}
     for cell in ours:
         direction, client, where, settings = (cell.name.split("_") + [""] * 4)[:4]
         reference = brokers_own.get(f"{direction}_{client}_{settings}") if where == "1b" else None
-        if reference is not None and abs(cell.error) > abs(reference.error) + 0.01:
+        if reference is None or cell.wire_rate is None or not cell.rate:
+            continue
+        framing = cell.wire_rate / cell.rate  # wire bytes per value byte, this client and setting
+        broker_wire = reference.rate * framing / QUOTA - 1
+        wire_errors[reference.name] = round(broker_wire, 4)
+        assert cell.wire_error is not None
+        if abs(cell.wire_error) > abs(broker_wire) + 0.01:
             worse.append(cell.name)
     figures: dict[str, object] = {
         "max_abs_error": round(max((abs(c.error) for c in ours), default=0.0), 4),
         "cells": len(ours),
         "client_errors": sum(c.errors for c in ours),
         "cells_worse_than_broker": len(worse),
+        "max_abs_wire_error": round(
+            max((abs(c.wire_error) for c in ours if c.wire_error is not None), default=0.0), 4
+        ),
         "max_abs_broker_error": round(max((abs(c.error) for c in brokers_own.values()), default=0.0), 4),
     }
     if worse:
         figures["worse_than_broker"] = worse
     figures.update({c.name: round(c.error, 4) for c in cells})
+    figures["wire_errors"] = wire_errors
     print(json.dumps(figures))
 
 
