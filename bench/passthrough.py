@@ -1,25 +1,36 @@
 """Throughput and latency of the proxy versus the broker direct, measured side by side in one run.
 
 Kafka's own perf tools run alternately against the broker and through kthrottle (gateway mode,
-uvloop), so both see the same machine state. Prints per-round figures, then one JSON line:
+uvloop, no quotas), so both see the same machine state. Prints per-round figures, then one JSON
+line of medians over the rounds:
 
   producer_throughput_ratio   proxy / direct records/s, ProducerPerformance, 1 KiB records, acks=1
   consumer_throughput_ratio   proxy / direct records/s, ConsumerPerformance over the same topic
-  added_p99_latency_ms        proxy p99 - direct p99 of Produce round trips (one 1 KiB record per
-                              request, acks=1, Produce v9, one connection) at a steady 5,000 msg/s
-                              after a 2 s warm-up, timed to the microsecond (ProducerPerformance
-                              only reports whole milliseconds and includes its own JVM warm-up)
+  proxy_cpu_s_per_gb          the proxy process's CPU seconds (utime + stime) per GB (1e9 bytes)
+                              of record values that went through it, per workload:
+                                bulk_produce      the produce run above (64 KiB batches, linger 5 ms)
+                                bulk_fetch        the consume run above
+                                small_5k          5,000 msg/s of 1 KiB, linger.ms=0: small requests
+                                small_saturating  1 KiB records as fast as they go, linger.ms=0
+  added_median_latency_ms,    proxy - direct median and p99 of Produce round trips (one 1 KiB
+  added_p99_latency_ms        record per request, acks=1, Produce v9, one connection) at a steady
+                              5,000 msg/s after a 2 s warm-up, timed to the microsecond
+                              (ProducerPerformance only reports whole milliseconds and includes
+                              its own JVM warm-up)
 
-Usage: source dev/setup.sh && python bench/passthrough.py [--rounds 5] [--records 2000000]
+Usage: source dev/setup.sh && python bench/passthrough.py [--rounds 3] [--records 2000000]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -85,11 +96,49 @@ def latency_probe(
     }
 
 
+SMALL_RATE = 5000
+SMALL_RECORDS = 60_000  # 12 s at 5,000 msg/s
+SATURATING_RECORDS = 400_000
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def cpu_per_gb(
+    pid: int | None, records: int, work: Callable[[], dict[str, float]]
+) -> tuple[dict[str, float], float]:
+    """Run ``work`` (``records`` 1 KiB records through the proxy); its result and the proxy's CPU
+    seconds per GB of record values (0 when ``pid`` is None: the run was direct)."""
+    before = cpu_seconds(pid) if pid is not None else 0.0
+    result = work()
+    spent = cpu_seconds(pid) - before if pid is not None else 0.0
+    return result, spent / (records * 1024 / 1e9)
+
+
+def workloads(records: int) -> dict[str, tuple[int, Callable[[str], dict[str, float]]]]:
+    """Name -> (records, run against a bootstrap): the throughput and CPU workloads of a round."""
+
+    def small(count: int, rate: int) -> Callable[[str], dict[str, float]]:
+        return lambda boot: produce(boot, "small", count, rate, batch_size=16384, linger_ms=0)
+
+    return {
+        "bulk_produce": (records, lambda boot: produce(boot, "bench", records, -1)),
+        "bulk_fetch": (records, lambda boot: consume(boot, "bench", records)),
+        "small_5k": (SMALL_RECORDS, small(SMALL_RECORDS, SMALL_RATE)),
+        "small_saturating": (SATURATING_RECORDS, small(SATURATING_RECORDS, -1)),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--records", type=int, default=2_000_000, help="records per throughput run")
     parser.add_argument("--latency-seconds", type=float, default=15, help="length of each 5,000 msg/s run")
     args = parser.parse_args()
@@ -100,46 +149,57 @@ def main() -> None:
     ):
         direct, proxied = cluster.bootstrap_servers, proxy.bootstrap
         cluster.create_topic("bench", 6)
+        cluster.create_topic("small", 6)
         cluster.create_topic("latency", 1)
         # Warm up the JIT of the broker and the page cache, both ways.
         produce(direct, "bench", 50_000, -1)
         produce(proxied, "bench", 50_000, -1)
-
-        prod: dict[str, list[float]] = {"direct": [], "proxy": []}
-        cons: dict[str, list[float]] = {"direct": [], "proxy": []}
-        lat: dict[str, list[float]] = {"direct": [], "proxy": []}
+        assert proxy.proc is not None
+        proxy_pid = proxy.proc.pid
+        plan = workloads(args.records)
+        rates: dict[str, dict[str, list[float]]] = {w: {"direct": [], "proxy": []} for w in plan}
+        cpu: dict[str, list[float]] = {w: [] for w in plan}
+        lat50: dict[str, list[float]] = {"direct": [], "proxy": []}
+        lat99: dict[str, list[float]] = {"direct": [], "proxy": []}
         for rnd in range(args.rounds):
             order = [("direct", direct), ("proxy", proxied)]
             if rnd % 2:
                 order.reverse()
-            for name, boot in order:
-                r = produce(boot, "bench", args.records, -1)
-                prod[name].append(r["rate"])
-                print(f"round {rnd} produce {name}: {r['rate']:.0f} rec/s p99 {r['p99_ms']} ms", flush=True)
-            for name, boot in order:
-                c = consume(boot, "bench", args.records)
-                cons[name].append(c["rate"])
-                print(
-                    f"round {rnd} consume {name}: {c['rate']:.0f} rec/s ({c['mb_per_s']:.1f} MB/s)",
-                    flush=True,
-                )
+            for workload, (records, run) in plan.items():
+                for name, boot in order:
+                    pid = proxy_pid if name == "proxy" else None
+                    result, per_gb = cpu_per_gb(pid, records, functools.partial(run, boot))
+                    rates[workload][name].append(result["rate"])
+                    if pid is not None:
+                        cpu[workload].append(per_gb)
+                    note = f", proxy CPU {per_gb:.2f} s/GB" if pid is not None else ""
+                    print(f"round {rnd} {workload} {name}: {result['rate']:.0f} rec/s{note}", flush=True)
             for name, boot in order:
                 r = latency_probe(boot, "latency", args.latency_seconds)
-                lat[name].append(r["p99_ms"])
+                lat50[name].append(r["p50_ms"])
+                lat99[name].append(r["p99_ms"])
                 print(
-                    f"round {rnd} 5k msg/s {name}: p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms "
+                    f"round {rnd} 5k msg/s {name}: p50 {r['p50_ms']:.3f} ms p99 {r['p99_ms']:.3f} ms "
                     f"({r['achieved_rate']:.0f} msg/s, {r['errors']} errors)",
                     flush=True,
                 )
 
     med = statistics.median
+
+    def ratio(workload: str) -> float:
+        return round(med(rates[workload]["proxy"]) / med(rates[workload]["direct"]), 3)
+
     figures = {
-        "producer_throughput_ratio": round(med(prod["proxy"]) / med(prod["direct"]), 3),
-        "consumer_throughput_ratio": round(med(cons["proxy"]) / med(cons["direct"]), 3),
-        "added_p99_latency_ms": round(med(lat["proxy"]) - med(lat["direct"]), 3),
-        "producer_records_per_s": {k: round(med(v)) for k, v in prod.items()},
-        "consumer_records_per_s": {k: round(med(v)) for k, v in cons.items()},
-        "p99_latency_ms_at_5k_msgs": {k: round(med(v), 3) for k, v in lat.items()},
+        "producer_throughput_ratio": ratio("bulk_produce"),
+        "consumer_throughput_ratio": ratio("bulk_fetch"),
+        "small_saturating_throughput_ratio": ratio("small_saturating"),
+        "proxy_cpu_s_per_gb": {k: round(med(v), 2) for k, v in cpu.items()},
+        "added_median_latency_ms": round(med(lat50["proxy"]) - med(lat50["direct"]), 3),
+        "added_p99_latency_ms": round(med(lat99["proxy"]) - med(lat99["direct"]), 3),
+        "records_per_s": {w: {k: round(med(v)) for k, v in r.items()} for w, r in rates.items()},
+        "latency_ms_at_5k_msgs": {
+            k: {"p50": round(med(lat50[k]), 3), "p99": round(med(lat99[k]), 3)} for k in lat50
+        },
         "rounds": args.rounds,
         "records_per_run": args.records,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),

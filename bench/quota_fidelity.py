@@ -6,7 +6,7 @@ received (fetch) over seconds 12-45, against the quota:
 
   client     Kafka's Java producer/consumer (tests/integration/java/Rate*.java: Produce and Fetch
              by topic id), librdkafka, kafka-python, aiokafka (dev/fidelity_client.py)
-  direction  produce (3 partitions), fetch (a 3-partition topic filled beforehand)
+  direction  produce (3 partitions), fetch (a 3-partition topic filled beforehand, 64 KiB batches)
   brokers    1, and 3 with the partitions' leaders on all three
   settings   the library's defaults; aggressive: 5 requests in flight, 1 MiB batches, 50 MB
              fetches (10 MB per partition)
@@ -39,6 +39,7 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -56,6 +57,10 @@ KiB = 1024
 MiB = 1024 * KiB
 QUOTA = 512 * KiB
 SPAN = (12.0, 45.0)
+# The fetch topics are written in 64 KiB record batches. A broker returns whole batches, so a
+# consumer is paced a batch at a time at best: with 1 MiB batches at 512 KiB/s, seconds 12-45
+# hold 16 or 17 of them and the span alone reads +-3% whatever the enforcer.
+FILL_BATCH = 64 * 1024
 REPO = Path(__file__).resolve().parent.parent
 JAVA = REPO / "tests" / "integration" / "java"
 CLIENTS = ("java", "librdkafka", "kafka-python", "aiokafka")
@@ -96,11 +101,35 @@ def wire_counter(proxy: ProxyProcess, direction: str) -> Callable[[], float]:
     return lambda: proxy.metric("kthrottle_response_bytes_total", {"api": "Fetch"})
 
 
-def sample_while(read: Callable[[], float], done: threading.Event, out: list[tuple[float, float]]) -> None:
-    start = time.monotonic()
+def sample_while(
+    read: Callable[[], float], start: float, done: threading.Event, out: list[tuple[float, float]]
+) -> None:
     while not done.is_set():
         out.append((time.monotonic() - start, read()))
         done.wait(0.25)
+
+
+def run_timed(cmd: list[str], timeout: float, start: float) -> tuple[int, str, str, float]:
+    """Run ``cmd``; its exit code, stdout, stderr, and where its own clock starts on ours: the
+    seconds after ``start`` of its first "AT elapsed_ms" line, less that elapsed time."""
+    offset: float | None = None
+    lines: list[str] = []
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        killer = threading.Timer(timeout, proc.kill)
+        killer.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                first = re.match(r"^AT (\d+) ", line) if offset is None else None
+                if first:
+                    offset = time.monotonic() - start - int(first[1]) / 1000.0
+                lines.append(line)
+            code = proc.wait()
+        finally:
+            killer.cancel()
+        err.seek(0)
+        return code, "".join(lines), err.read(), offset or 0.0
 
 
 def span_rate(marks: list[tuple[float, float]]) -> float:
@@ -140,24 +169,25 @@ def run_client(
         ]
     wire_marks: list[tuple[float, float]] = []
     done = threading.Event()
-    sampler = threading.Thread(target=sample_while, args=(wire, done, wire_marks)) if wire else None
+    start = time.monotonic()
+    sampler = threading.Thread(target=sample_while, args=(wire, start, done, wire_marks)) if wire else None
     if sampler is not None:
         sampler.start()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120, check=False)
+        code, stdout, stderr, offset = run_timed(cmd, seconds + 120, start)
     finally:
         done.set()
         if sampler is not None:
             sampler.join()
-    if wire_marks:
-        cell.wire_rate = span_rate(wire_marks)
-    marks = [(int(m[1]) / 1000.0, float(m[2])) for m in re.finditer(r"^AT (\d+) (\d+)$", proc.stdout, re.M)]
-    errors = re.search(r"^ERRORS (\d+) ?(.*)$", proc.stdout, re.M)
+    if wire_marks:  # on the client's clock, so both rates cover the same seconds
+        cell.wire_rate = span_rate([(t - offset, n) for t, n in wire_marks])
+    marks = [(int(m[1]) / 1000.0, float(m[2])) for m in re.finditer(r"^AT (\d+) (\d+)$", stdout, re.M)]
+    errors = re.search(r"^ERRORS (\d+) ?(.*)$", stdout, re.M)
     if errors:
         cell.errors, cell.first_error = int(errors[1]), errors[2]
-    if proc.returncode != 0:
+    if code != 0:
         cell.errors += 1
-        cell.first_error = cell.first_error or f"exit {proc.returncode}: {proc.stderr[-300:]}"
+        cell.first_error = cell.first_error or f"exit {code}: {stderr[-300:]}"
 
     if not marks or marks[-1][0] < SPAN[1]:
         cell.errors += 1
@@ -215,11 +245,11 @@ def run_cluster(brokers: int, cells: list[Cell], seconds: float, hold: bool) -> 
         fetch_topic = f"fid-fetch-{uuid.uuid4().hex[:6]}"
         cluster.create_topic(fetch_topic, partitions=3, replication=1)
         per_cell = int(QUOTA * (seconds + 20) / KiB) + 16 * 1024  # the burst and the span, with room
-        cluster.fill_topic(fetch_topic, per_cell, timeout=600)
+        cluster.fill_topic(fetch_topic, per_cell, timeout=600, batch_bytes=FILL_BATCH)
         topic_quota = f"fid-topic-{uuid.uuid4().hex[:6]}"
         cluster.create_topic(topic_quota, partitions=1, replication=1)
         if any(c.name == "topic_fetch_java_1b" for c in cells):
-            cluster.fill_topic(topic_quota, per_cell, timeout=600)
+            cluster.fill_topic(topic_quota, per_cell, timeout=600, batch_bytes=FILL_BATCH)
         proxy_cells = [c for c in cells if not c.name.startswith("broker_")]
         quotas: dict[str, object] = {
             "clients": {

@@ -631,9 +631,17 @@ class KafkaCluster:
             lambda: f"topic {name} ({partitions} partitions) not ready on every node: {seen}",
         )
 
-    def fill_topic(self, name: str, records: int, record_size: int = 1024, timeout: float = 120.0) -> None:
+    def fill_topic(
+        self,
+        name: str,
+        records: int,
+        record_size: int = 1024,
+        timeout: float = 120.0,
+        batch_bytes: int = 1048576,
+    ) -> None:
         """Write ``records`` records of ``record_size`` random bytes straight to the brokers (librdkafka,
-        in-process, acks=all); raises unless every one was acknowledged within ``timeout``."""
+        in-process, acks=all, record batches of up to ``batch_bytes``); raises unless every one was
+        acknowledged within ``timeout``."""
         from confluent_kafka import KafkaError, Producer
 
         producer = Producer(
@@ -642,7 +650,7 @@ class KafkaCluster:
                 "client.id": "kthrottle-harness-fill",
                 "acks": "all",
                 "linger.ms": 20,
-                "batch.size": 1048576,
+                "batch.size": batch_bytes,
                 "queue.buffering.max.kbytes": 262144,
             }
         )

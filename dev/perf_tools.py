@@ -29,9 +29,11 @@ def run(main: str, *args: str, timeout: float = 600) -> str:
     return proc.stdout
 
 
-def producer_args(topic: str, records: int, throughput: int, *options: str, props: list[str]) -> list[str]:
+def producer_args(
+    topic: str, records: int, throughput: int, *options: str, props: list[str], linger_ms: int = 5
+) -> list[str]:
     """ProducerPerformance's arguments for ``records`` 1 KiB records (``throughput`` -1: as fast as it
-    is let); ``options`` go before the producer settings ``props`` (linger 5 ms added)."""
+    is let); ``options`` go before the producer settings ``props`` (``linger.ms`` added)."""
     return [
         "--topic",
         topic,
@@ -44,7 +46,7 @@ def producer_args(topic: str, records: int, throughput: int, *options: str, prop
         *options,
         "--producer-props",
         *props,
-        "linger.ms=5",
+        f"linger.ms={linger_ms}",
     ]
 
 
@@ -65,6 +67,7 @@ def produce(
     acks: str = "1",
     batch_size: int = 65536,
     props: Mapping[str, str] | None = None,
+    linger_ms: int = 5,
 ) -> dict[str, float]:
     """ProducerPerformance's summary; ``props``: more producer settings (TLS, say)."""
     settings = [
@@ -73,7 +76,7 @@ def produce(
         f"batch.size={batch_size}",
         *(f"{k}={v}" for k, v in (props or {}).items()),
     ]
-    out = run(PRODUCER, *producer_args(topic, records, throughput, props=settings))
+    out = run(PRODUCER, *producer_args(topic, records, throughput, props=settings, linger_ms=linger_ms))
     match = _SUMMARY.findall(out)
     if not match:
         raise RuntimeError(f"no summary in ProducerPerformance output:\n{out[-2000:]}")

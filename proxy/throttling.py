@@ -229,22 +229,27 @@ class QuotaEnforcer:
 
     def hold_ms(self, produce: bool, user: str, client_id: str) -> int:
         """How long a Produce (or Fetch) of this entity must wait before it is read: the rest of
-        a throttle decided on another of its connections (0: go on)."""
-        if not self._holds:
-            return 0
+        a throttle decided on another of its connections, or for a Fetch, until what the
+        entity's fetches in flight hold has refilled (``ByteRateQuotas.fetch_wait_ms``); 0: go on."""
         table = self.produce if produce else self.fetch
+        now = self.now_ms()
+        wait = 0
+        if not produce and table.grants and not self.dry_run:
+            wait = table.fetch_wait_ms(user, client_id, now)
+        if not self._holds:
+            return wait
         match = table.match(user, client_id)
         if match is None:
-            return 0
+            return wait
         key = (produce, match.bucket)
         until = self._holds.get(key)
         if until is None:
-            return 0
-        left = until - self.now_ms()
+            return wait
+        left = until - now
         if left <= 0:
             del self._holds[key]
-            return 0
-        return math.ceil(left)
+            return wait
+        return max(wait, math.ceil(left))
 
     # --- topic ids (Produce and Fetch v13+) ----------------------------------------------------
 

@@ -5,6 +5,7 @@ Sans-IO: callers pass the time in ms; nothing here blocks, sleeps or reads a clo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -323,6 +324,27 @@ class ByteRateQuotas:
             self.grants.setdefault(match.bucket, []).append(grant)
         return grant
 
+    def fetch_wait_ms(self, user: str, client_id: str, now_ms: float) -> int:
+        """How long a Fetch waits before it is sent (0: send it now): while the entity's bucket
+        holds less than a window sample and its fetches in flight may already take all of that,
+        a further fetch waits until the bucket has refilled what they hold.
+
+        A consumer's fetches to several brokers, released together once a throttle has passed,
+        would otherwise each bring at least a whole record batch at the same moment: a 3-broker
+        consumer of 1 MiB batches at 512 KiB/s would get 3 MiB every six seconds instead of
+        1 MiB every two. Under quota (the bucket holds a sample or more) nothing waits."""
+        match = self.match(user, client_id)
+        if match is None or not self.shaped(match) or match.bucket not in self.grants:
+            return 0
+        shaper = self.shapers.get(match.bucket)
+        if shaper is None:
+            return 0
+        tokens = shaper.tokens(now_ms)
+        if tokens >= match.quota * self.window.size_ms / 1000.0:
+            return 0
+        short = self._reserved(match.bucket, now_ms) - tokens
+        return math.ceil(short / match.quota * 1000.0) if short > 0 else 0
+
     def release(self, grant: FetchGrant) -> None:
         """The fetch was answered (or will never be): what it held goes back. Idempotent."""
         if grant.released:
@@ -359,6 +381,8 @@ class ByteRateQuotas:
                 self.cluster_buckets.discard(key)
             if table is self.clients or table is self.partitions:  # a shaper is part of that state
                 dropped += len(stale)
+        for bucket in list(self.grants):  # grants never given back (see GRANT_MAX_AGE_MS)
+            self._reserved(bucket, now_ms)
         if dropped and len(self._matches) > 4 * max(1, len(self.clients)):
             self._matches.clear()
         return dropped

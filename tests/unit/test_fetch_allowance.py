@@ -5,10 +5,12 @@ sees its quota as a steady rate instead of a burst followed by empty throttled a
 
 from __future__ import annotations
 
+import heapq
+
 import pytest
 
 from quota.config import QuotaConfig
-from quota.manager import ByteRateQuotas, PartitionUsage
+from quota.manager import ByteRateQuotas, FetchGrant, PartitionUsage
 
 QUOTA = 512 * 1024
 
@@ -134,42 +136,52 @@ def test_a_topic_partition_quota_is_paid_for_not_refused() -> None:
 
 
 def _consume_from_brokers(
-    q: ByteRateQuotas, brokers: int, seconds: float, share: bool
+    q: ByteRateQuotas, brokers: int, seconds: float, share: bool, stagger: bool = True
 ) -> list[tuple[float, int]]:
     """A consumer with one partition leader per broker, fetching from all of them at once (50 MB
-    fetches, 10 MB per partition, 1 MiB batches always waiting), each connection fetching again when
-    its answer and throttle are over, every connection held while any is throttled (the proxy's
-    one quota across connections); 2 ms round trips. ``share``: fetches in flight hold their grant
-    (the proxy's way) rather than each being sized to the whole bucket."""
+    fetches, 10 MB per partition, 1 MiB batches always waiting); each connection fetches again
+    once its answer and its throttle are over, and every connection is held while the entity is
+    throttled (the proxy's one quota across connections); 2 ms round trips. ``share``: fetches in
+    flight hold their grant (the proxy's way) rather than each being sized to the whole bucket;
+    ``stagger``: a fetch waits while those in flight may take all the bucket holds
+    (``fetch_wait_ms``). Returns (time, bytes received) marks, one per answer."""
     batch = 1024 * 1024
-    ready = [0.0] * brokers
+    events: list[tuple[float, int, int, FetchGrant | None, int]] = [
+        (0.0, i, i, None, -1) for i in range(brokers)
+    ]
+    heapq.heapify(events)
+    order = brokers  # ties go in the order the events were made
+    held_until = 0.0
     got = 0
     marks = [(0.0, 0)]
-    while min(ready) < seconds * 1000:
-        now = min(ready)
-        together = [i for i in range(brokers) if ready[i] <= now]
-        grants = []
-        for _ in together:
+    while events:
+        now, _seq, conn, grant, size = heapq.heappop(events)
+        if now > seconds * 1000:
+            break
+        order += 1
+        if size < 0:  # the connection's next fetch is ready to be read
+            wait = max(held_until - now, q.fetch_wait_ms("u", "c", now) if stagger else 0)
+            if wait > 0:
+                heapq.heappush(events, (now + wait, order, conn, None, -1))
+                continue
             if share:
                 grant = q.grant_fetch("u", "c", 50 * 1024 * 1024, now)
                 assert grant is not None
                 allowed = grant.allowed
             else:
-                grant = None
-                allowed = q.fetch_allowance("u", "c", now)
-                assert allowed is not None
-            grants.append((grant, max(batch, min(allowed, 10 * batch) // batch * batch)))
-        now += 2.0
-        until = now
-        for grant, size in grants:
-            if grant is not None:
-                q.release(grant)
-            decision = q.record("u", "c", size, [], now)
-            got += size
-            until = max(until, now + decision.throttle_ms)
-        for i in range(brokers):  # the hold: no connection reads again before the throttle is over
-            ready[i] = max(ready[i], until)
+                allowed_now = q.fetch_allowance("u", "c", now)
+                assert allowed_now is not None
+                allowed = allowed_now
+            size = max(batch, min(allowed, 10 * batch) // batch * batch)
+            heapq.heappush(events, (now + 2.0, order, conn, grant, size))
+            continue
+        if grant is not None:
+            q.release(grant)
+        decision = q.record("u", "c", size, [], now)
+        got += size
         marks.append((now / 1000.0, got))
+        held_until = max(held_until, now + decision.throttle_ms)
+        heapq.heappush(events, (now + decision.throttle_ms, order, conn, None, -1))
     return marks
 
 
@@ -190,11 +202,44 @@ def test_fetches_sent_together_share_the_bucket() -> None:
     shared = _consume_from_brokers(_quotas(), 3, 45.0, share=True)
     rate = _paced_rate(shared, 12.0, 45.0)
     assert abs(rate - QUOTA) / QUOTA < 0.05, f"{rate / 1024:.0f} KiB/s"
-    assert shared[1][1] <= QUOTA * 10 + 2 * 1024 * 1024  # one bucket, and a batch for each other
-    alone = _consume_from_brokers(_quotas(), 3, 45.0, share=False)
-    assert alone[1][1] >= 3 * QUOTA * 10  # three buckets at once
-    silent = next(t for t, _n in alone[2:])
+    first = max(n for t, n in shared if t <= 0.01)
+    assert first <= QUOTA * 10 + 2 * 1024 * 1024  # one bucket, and a batch for each other
+    alone = _consume_from_brokers(_quotas(), 3, 45.0, share=False, stagger=False)
+    first = max(n for t, n in alone if t <= 0.01)
+    assert first >= 3 * QUOTA * 10  # three buckets at once
+    silent = next(t for t, n in alone if n > first)
     assert silent >= 15.0, "then silence while they are paid back"
+
+
+def _most_in_any(marks: list[tuple[float, int]], seconds: float, t_from: float, t_to: float) -> int:
+    """The most bytes received within any ``seconds`` of the span."""
+
+    def at(t: float) -> int:
+        return max(n for s, n in marks if s <= t)
+
+    starts = [t for t, _n in marks if t_from <= t <= t_to - seconds]
+    return max(at(t + seconds - 1e-6) - at(t - 1e-6) for t in starts)
+
+
+def test_fetches_from_three_brokers_take_turns_once_throttled() -> None:
+    """Once the entity is throttled, its fetches released together would each bring a whole batch
+    at once (3 MiB, then six seconds of nothing); waiting while those in flight may take what the
+    bucket holds, they take turns: about a batch every two seconds, at the same mean."""
+    together = _consume_from_brokers(_quotas(), 3, 45.0, share=True, stagger=False)
+    turns = _consume_from_brokers(_quotas(), 3, 45.0, share=True, stagger=True)
+    mib = 1024 * 1024
+    assert _most_in_any(together, 1.0, 12.0, 45.0) >= 3 * mib
+    assert _most_in_any(turns, 1.0, 12.0, 45.0) <= mib
+    rate = _paced_rate(turns, 12.0, 45.0)
+    assert abs(rate - QUOTA) / QUOTA < 0.05, f"{rate / 1024:.0f} KiB/s"
+
+
+def test_a_consumer_under_its_quota_never_waits() -> None:
+    """Long polls from three brokers with nothing to read: the bucket is full, nothing waits."""
+    q = _quotas()
+    grants = [q.grant_fetch("u", "c", 50 * 1024 * 1024, 0.0) for _ in range(3)]
+    assert all(g is not None for g in grants)
+    assert q.fetch_wait_ms("u", "c", 1.0) == 0
 
 
 def test_a_grant_is_given_back_when_answered_or_forgotten() -> None:
@@ -213,3 +258,6 @@ def test_a_grant_is_given_back_when_answered_or_forgotten() -> None:
     # Never answered and never released (a bug, or a lost close): forgotten after 30 s.
     later = q.grant_fetch("u", "c", 50 * 1024 * 1024, 31_000.0)
     assert later is not None and later.allowed == QUOTA * 10
+    # Nor do they stay when the entity never fetches again.
+    q.maybe_expire(62_000.0)
+    assert not q.grants
