@@ -2,7 +2,8 @@
 
 Each cell runs one greedy client through kthrottle against a client-id quota (Kafka's default
 window, 11 x 1 s) and measures the mean rate of value bytes it had acknowledged (produce) or
-received (fetch) over seconds 12-45, against the quota:
+received (fetch) over seconds 12-45, against the quota (from the first arrival in that span to
+the last, so a client acknowledged in steps of megabytes is not read by where its steps fall):
 
   client     Kafka's Java producer/consumer (tests/integration/java/Rate*.java: Produce and Fetch
              by topic id), librdkafka, kafka-python, aiokafka (dev/fidelity_client.py)
@@ -35,6 +36,7 @@ Usage: source dev/setup.sh && python bench/quota_fidelity.py [--seconds 46] [--o
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import subprocess
@@ -44,7 +46,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -82,6 +84,8 @@ class Cell:
     settings: str
     rate: float = 0.0
     wire_rate: float | None = None  # bytes the quota counts, per second (proxy cells)
+    marks: list[tuple[float, float]] = field(default_factory=list)  # (client seconds, value bytes)
+    wire_marks: list[tuple[float, float]] = field(default_factory=list)  # (client seconds, wire bytes)
     errors: int = 0
     first_error: str = ""
 
@@ -133,10 +137,19 @@ def run_timed(cmd: list[str], timeout: float, start: float) -> tuple[int, str, s
 
 
 def span_rate(marks: list[tuple[float, float]]) -> float:
-    def at(t: float) -> float:
-        return max((n for s, n in marks if s <= t), default=0.0)
+    """The mean rate over SPAN: the bytes that arrived after the first arrival inside it, up to
+    the last, over the time between those two. A client acknowledged in 3 MiB steps (1 MiB
+    batches for three partitions in one Produce) gets 5 or 6 steps in 33 seconds depending only
+    on where the first falls; counting from step to step reads the rate, not the phase."""
+    inside = [(t, n) for (_t0, n0), (t, n) in itertools.pairwise(marks) if n > n0 and SPAN[0] <= t <= SPAN[1]]
+    if len(inside) < 2 or inside[-1][0] - inside[0][0] < (SPAN[1] - SPAN[0]) / 2:
+        # Fewer than two arrivals, or all in one half of the span: the plain mean over the span.
+        def at(t: float) -> float:
+            return max((n for s, n in marks if s <= t), default=0.0)
 
-    return (at(SPAN[1]) - at(SPAN[0])) / (SPAN[1] - SPAN[0])
+        return (at(SPAN[1]) - at(SPAN[0])) / (SPAN[1] - SPAN[0])
+    (t_a, n_a), (t_b, n_b) = inside[0], inside[-1]
+    return (n_b - n_a) / (t_b - t_a)
 
 
 def run_client(
@@ -180,7 +193,8 @@ def run_client(
         if sampler is not None:
             sampler.join()
     if wire_marks:  # on the client's clock, so both rates cover the same seconds
-        cell.wire_rate = span_rate([(t - offset, n) for t, n in wire_marks])
+        cell.wire_marks = [(t - offset, n) for t, n in wire_marks]
+        cell.wire_rate = span_rate(cell.wire_marks)
     marks = [(int(m[1]) / 1000.0, float(m[2])) for m in re.finditer(r"^AT (\d+) (\d+)$", stdout, re.M)]
     errors = re.search(r"^ERRORS (\d+) ?(.*)$", stdout, re.M)
     if errors:
@@ -192,6 +206,7 @@ def run_client(
     if not marks or marks[-1][0] < SPAN[1]:
         cell.errors += 1
         cell.first_error = cell.first_error or f"ran {marks[-1][0] if marks else 0:.1f} s of {SPAN[1]}"
+    cell.marks = marks
     cell.rate = span_rate(marks)
     wire_note = f"  wire {cell.wire_error:+.3f}" if cell.wire_error is not None else ""
     print(
@@ -298,6 +313,7 @@ def main() -> None:
         action="store_true",
         help="the proxy with hold_across_connections off (each connection held on its own)",
     )
+    parser.add_argument("--marks", type=Path, help="write every cell's (seconds, bytes) marks here, as JSON")
     args = parser.parse_args()
     planned = matrix(args.only)
     for brokers in (1, 3):
@@ -334,6 +350,8 @@ def main() -> None:
         figures["worse_than_broker"] = worse
     figures.update({c.name: round(c.error, 4) for c in cells})
     figures["wire_errors"] = wire_errors
+    if args.marks is not None:
+        args.marks.write_text(json.dumps({c.name: {"value": c.marks, "wire": c.wire_marks} for c in cells}))
     print(json.dumps(figures))
 
 

@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import logging
 import socket
+import struct
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -500,7 +501,15 @@ class Pipeline:
                 self.held.appendleft(frame)
                 self.mute(wait)
                 return
-        if key == ApiKey.PRODUCE:
+        if key == ApiKey.PRODUCE and not self._produce_decoded():
+            # Nothing charges or records it: its acks alone say whether a response comes.
+            try:
+                acks = messages.read_produce_acks(version, memoryview(frame)[header.size :])
+            except (SchemaError, struct.error) as exc:
+                self.reject(f"malformed Produce v{version} request: {exc}", "malformed")
+                return
+            expects_response = acks != 0
+        elif key == ApiKey.PRODUCE:
             try:
                 body = messages.decode_request(key, version, memoryview(frame)[header.size :])
             except SchemaError as exc:
@@ -574,6 +583,18 @@ class Pipeline:
         elif draft is not None:  # acks=0: no response to wait for
             self._emit(draft, key, version, client_id, throttle_ms, upstream_ms=-1.0)
         self._send(frame)
+
+    def _produce_decoded(self) -> bool:
+        """Whether a Produce request must be decoded: a byte-rate or producer-id quota charges it,
+        the volume limits may park it, or capture records it."""
+        server = self.server
+        enforcer = server.enforcer
+        return (
+            enforcer.produce.active
+            or enforcer.producer_ids.active
+            or server.volume is not None
+            or server.capture is not None
+        )
 
     def _admit(
         self, frame: bytearray, header: RequestHeader, body: dict[str, Any], state: MutationState

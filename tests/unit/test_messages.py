@@ -236,3 +236,21 @@ def test_request_header_v2_keeps_tagged_fields() -> None:
     assert (header.api_key, header.api_version, header.correlation_id, header.client_id) == (18, 3, 7, "id")
     assert header.tagged == b"\x01\x05\x02hi"
     assert raw[header.size :] == b"body"
+
+
+@pytest.mark.parametrize("transactional_id", [None, "", "tx-é-1"])
+@pytest.mark.parametrize("acks", [0, 1, -1])
+def test_produce_acks_read_without_decoding(acks: int, transactional_id: str | None) -> None:
+    """Every Produce version the proxy knows: the acks read straight from the bytes are the decoded ones."""
+    known = codec_versions(ApiKey.PRODUCE)
+    assert known is not None
+    for version in range(known[0], known[1] + 1):
+        req = {
+            "transactional_id": transactional_id,
+            "acks": acks,
+            "timeout_ms": 1000,
+            "topic_data": [{"name": "t", "topic_id": b"\x01" * 16, "partition_data": []}],
+        }
+        wire = messages.encode(ApiKey.PRODUCE, version, req, response=False)
+        expected = messages.produce_acks(messages.decode_request(ApiKey.PRODUCE, version, wire))
+        assert messages.read_produce_acks(version, wire) == expected == acks, f"v{version}"
