@@ -2,8 +2,8 @@
 
 Each cell runs one greedy client through kthrottle against a client-id quota (Kafka's default
 window, 11 x 1 s) and measures the mean rate of value bytes it had acknowledged (produce) or
-received (fetch) over seconds 12-45, against the quota (from the first arrival in that span to
-the last, so a client acknowledged in steps of megabytes is not read by where its steps fall):
+received (fetch) over seconds 12-45, against the quota (the slope of a least-squares line through
+its arrivals, so a client acknowledged in steps of megabytes is not read by where its steps fall):
 
   client     Kafka's Java producer/consumer (tests/integration/java/Rate*.java: Produce and Fetch
              by topic id), librdkafka, kafka-python, aiokafka (dev/fidelity_client.py)
@@ -31,14 +31,16 @@ signed value-byte error under its name (``<direction>_<client>_<brokers>b_<setti
 each proxy cell's wire error and each broker cell's estimated one.
 
 Usage: source dev/setup.sh && python bench/quota_fidelity.py [--seconds 46] [--only SUBSTRING] [--no-hold]
+       [--marks FILE]; python bench/quota_fidelity.py --from-marks FILE (the figures again, no run)
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import bisect
 import json
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -137,19 +139,23 @@ def run_timed(cmd: list[str], timeout: float, start: float) -> tuple[int, str, s
 
 
 def span_rate(marks: list[tuple[float, float]]) -> float:
-    """The mean rate over SPAN: the bytes that arrived after the first arrival inside it, up to
-    the last, over the time between those two. A client acknowledged in 3 MiB steps (1 MiB
-    batches for three partitions in one Produce) gets 5 or 6 steps in 33 seconds depending only
-    on where the first falls; counting from step to step reads the rate, not the phase."""
-    inside = [(t, n) for (_t0, n0), (t, n) in itertools.pairwise(marks) if n > n0 and SPAN[0] <= t <= SPAN[1]]
-    if len(inside) < 2 or inside[-1][0] - inside[0][0] < (SPAN[1] - SPAN[0]) / 2:
-        # Fewer than two arrivals, or all in one half of the span: the plain mean over the span.
-        def at(t: float) -> float:
-            return max((n for s, n in marks if s <= t), default=0.0)
-
-        return (at(SPAN[1]) - at(SPAN[0])) / (SPAN[1] - SPAN[0])
-    (t_a, n_a), (t_b, n_b) = inside[0], inside[-1]
-    return (n_b - n_a) / (t_b - t_a)
+    """The mean rate over SPAN: the slope of a least-squares line through the bytes that had
+    arrived at every tenth of a second of it. A client acknowledged in 3 MiB steps (1 MiB batches
+    for three partitions in one Produce) has 5 or 6 steps in 33 seconds depending only on where
+    the first falls; the difference of two points reads that phase, the line reads the rate."""
+    if not marks:
+        return 0.0
+    times = [t for t, _n in marks]
+    counts = [n for _t, n in marks]
+    grid = [SPAN[0] + i / 10 for i in range(int((SPAN[1] - SPAN[0]) * 10) + 1)]
+    arrived = []
+    for t in grid:
+        i = bisect.bisect_right(times, t)
+        arrived.append(max(counts[:i], default=0.0))
+    mean_t = statistics.fmean(grid)
+    mean_n = statistics.fmean(arrived)
+    spread = sum((t - mean_t) ** 2 for t in grid)
+    return sum((t - mean_t) * (n - mean_n) for t, n in zip(grid, arrived, strict=True)) / spread
 
 
 def run_client(
@@ -302,25 +308,8 @@ def run_cluster(brokers: int, cells: list[Cell], seconds: float, hold: bool) -> 
             run_client(cell, cluster.bootstrap_servers, topic, client_id, seconds)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--seconds", type=float, default=46.0)
-    parser.add_argument("--only", help="run only the cells whose name contains this")
-    parser.add_argument(
-        "--no-hold",
-        action="store_true",
-        help="the proxy with hold_across_connections off (each connection held on its own)",
-    )
-    parser.add_argument("--marks", type=Path, help="write every cell's (seconds, bytes) marks here, as JSON")
-    args = parser.parse_args()
-    planned = matrix(args.only)
-    for brokers in (1, 3):
-        cells = [c for b, c in planned if b == brokers]
-        if cells:
-            run_cluster(brokers, cells, args.seconds, hold=not args.no_hold)
-    cells = [c for _b, c in planned]
+def summarize(cells: list[Cell]) -> dict[str, object]:
+    """The figures of a run (the last line's JSON)."""
     ours = [c for c in cells if not c.name.startswith("broker_")]
     brokers_own = {c.name.removeprefix("broker_"): c for c in cells if c.name.startswith("broker_")}
     worse = []
@@ -350,9 +339,61 @@ def main() -> None:
         figures["worse_than_broker"] = worse
     figures.update({c.name: round(c.error, 4) for c in cells})
     figures["wire_errors"] = wire_errors
+    return figures
+
+
+def cells_from_marks(path: Path) -> list[Cell]:
+    """The cells of a run written with --marks, their rates computed again from their arrivals."""
+    cells = []
+    for name, saved in json.loads(path.read_text()).items():
+        parts = name.removeprefix("broker_").removeprefix("topic_").split("_")
+        settings = parts[-1] if parts[-1] in ("defaults", "aggressive") else "defaults"
+        cell = Cell(name, parts[0], parts[1], settings)
+        cell.errors, cell.first_error = int(saved.get("errors", 0)), str(saved.get("first_error", ""))
+        cell.marks = [(float(t), float(n)) for t, n in saved["value"]]
+        cell.wire_marks = [(float(t), float(n)) for t, n in saved["wire"]]
+        cell.rate = span_rate(cell.marks)
+        cell.wire_rate = span_rate(cell.wire_marks) if cell.wire_marks else None
+        cells.append(cell)
+    return cells
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=46.0)
+    parser.add_argument("--only", help="run only the cells whose name contains this")
+    parser.add_argument(
+        "--no-hold",
+        action="store_true",
+        help="the proxy with hold_across_connections off (each connection held on its own)",
+    )
+    parser.add_argument("--marks", type=Path, help="write every cell's (seconds, bytes) marks here, as JSON")
+    parser.add_argument(
+        "--from-marks", type=Path, help="no run: the figures of the run whose --marks file this is"
+    )
+    args = parser.parse_args()
+    if args.from_marks is not None:
+        cells = cells_from_marks(args.from_marks)
+        for cell in cells:
+            wire_note = f"  wire {cell.wire_error:+.3f}" if cell.wire_error is not None else ""
+            print(f"{cell.name:<40} {cell.rate / KiB:7.0f} KiB/s  error {cell.error:+.3f}{wire_note}")
+        print(json.dumps(summarize(cells)))
+        return
+    planned = matrix(args.only)
+    for brokers in (1, 3):
+        cells = [c for b, c in planned if b == brokers]
+        if cells:
+            run_cluster(brokers, cells, args.seconds, hold=not args.no_hold)
+    cells = [c for _b, c in planned]
     if args.marks is not None:
-        args.marks.write_text(json.dumps({c.name: {"value": c.marks, "wire": c.wire_marks} for c in cells}))
-    print(json.dumps(figures))
+        saved = {
+            c.name: {"value": c.marks, "wire": c.wire_marks, "errors": c.errors, "first_error": c.first_error}
+            for c in cells
+        }
+        args.marks.write_text(json.dumps(saved))
+    print(json.dumps(summarize(cells)))
 
 
 if __name__ == "__main__":
