@@ -4,12 +4,30 @@ and idempotence, consume them back in a group. Each returns what the consumer re
 from __future__ import annotations
 
 import asyncio
+import re
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 Message = tuple[bytes, bytes]
+RATE_CONSUMER = str(Path(__file__).parent / "java" / "RateConsumer.java")
+
+
+def java_rate_consumer(
+    bootstrap: str, topic: str, client_id: str, seconds: int, *settings: str
+) -> tuple[list[tuple[float, float]], str]:
+    """Kafka's Java consumer (Fetch by topic id) reading ``topic`` for ``seconds``: the value bytes
+    it had received after each poll as (seconds, bytes), and its whole output."""
+    from dev.harness import java_command
+
+    cmd = java_command(RATE_CONSUMER, bootstrap, topic, client_id, str(seconds), *settings)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 100, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    polls = re.finditer(r"^AT (\d+) (\d+)$", done.stdout, re.M)
+    return [(int(m[1]) / 1000.0, float(m[2])) for m in polls], done.stdout
 
 
 def messages(n: int, tag: str) -> list[Message]:

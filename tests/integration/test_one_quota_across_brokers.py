@@ -9,8 +9,6 @@ shares its fetch allowance the same way."""
 from __future__ import annotations
 
 import itertools
-import re
-import subprocess
 import threading
 import time
 import uuid
@@ -18,16 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from dev.harness import KafkaCluster, java_command
+from dev.harness import KafkaCluster
 from dev.proxy_process import ProxyProcess, gateway_config
-from tests.integration.clients import delivery_errors_into, stop_greedy_producer
+from tests.integration.clients import delivery_errors_into, java_rate_consumer, stop_greedy_producer
 from tests.integration.test_quotas import CYCLE, STEADY, WINDOW, OffsetSampler, steady_rate
 
 pytestmark = pytest.mark.integration
 
 KiB = 1024
 MiB = 1024 * KiB
-RATE_CONSUMER = str(Path(__file__).parent / "java" / "RateConsumer.java")
 
 
 def _leaders(cluster: KafkaCluster, topic: str) -> set[int]:
@@ -106,18 +103,14 @@ def test_consumer_fetching_from_three_brokers_at_once_shares_its_allowance(
     quota = MiB
     quotas = {"window": WINDOW, "clients": {"wide-consumer": {"consumer_byte_rate": quota}}}
     with ProxyProcess(gateway_config(kafka_cluster3, quotas=quotas), workdir=tmp_path) as proxy:
-        cmd = java_command(
-            RATE_CONSUMER,
+        marks, _out = java_rate_consumer(
             proxy.bootstrap,
             topic,
             "wide-consumer",
-            str(int(STEADY[1]) + 1),
+            int(STEADY[1]) + 1,
             "fetch.max.bytes=52428800",
             "max.partition.fetch.bytes=10485760",
         )
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-        assert done.returncode == 0, done.stderr[-2000:]
-    marks = [(int(m[1]) / 1000.0, float(m[2])) for m in re.finditer(r"^AT (\d+) (\d+)$", done.stdout, re.M)]
     first = next(t for t, n in marks if n > 0)
     growth = [t for (_t0, n0), (t, n) in itertools.pairwise(marks) if n > n0 and t >= first]
     silence = max(b - a for a, b in itertools.pairwise(growth))

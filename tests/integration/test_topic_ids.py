@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from dev.harness import KafkaCluster, java_command
+from dev.harness import KafkaCluster
 from dev.proxy_process import ProxyProcess, gateway_config
 from protocol.api_keys import ApiKey
+from tests.integration.clients import java_rate_consumer
 from tests.integration.test_capture import captured
 from tests.integration.test_quotas import (
     CYCLE,
@@ -28,7 +29,6 @@ pytestmark = pytest.mark.integration
 
 KiB = 1024
 MiB = 1024 * KiB
-RATE_CONSUMER = str(Path(__file__).parent / "java" / "RateConsumer.java")
 BY_ID_FROM = 13
 
 
@@ -50,21 +50,16 @@ def test_java_consumer_held_to_a_topic_fetch_quota(kafka_broker: KafkaCluster, t
     quotas = {"window": WINDOW, "topics": {topic: {"consumer.byte.rate": quota}}}
     cfg = gateway_config(kafka_broker, quotas=quotas, capture=_capture(tmp_path))
     with ProxyProcess(cfg, workdir=tmp_path) as proxy:
-        cmd = java_command(
-            RATE_CONSUMER,
+        marks, stdout = java_rate_consumer(
             proxy.bootstrap,
             topic,
             "java-topic-consumer",
-            str(int(STEADY[1]) + 1),
+            int(STEADY[1]) + 1,
             "max.partition.fetch.bytes=262144",
         )
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-        assert done.returncode == 0, done.stderr[-2000:]
-        polls = re.finditer(r"^AT (\d+) (\d+)$", done.stdout, re.M)
-        marks = [(int(m[1]) / 1000.0, float(m[2])) for m in polls]
         rate = steady_rate(marks, *STEADY, cycle=CYCLE)
         assert abs(rate - quota) / quota < 0.15, f"Java consumer at {rate / KiB:.0f} KiB/s, quota 1 MiB/s"
-        throttle = re.search(r"^THROTTLE_MAX ([\d.]+)$", done.stdout, re.M)
+        throttle = re.search(r"^THROTTLE_MAX ([\d.]+)$", stdout, re.M)
         assert throttle and float(throttle[1]) > 0, "the Java consumer never saw a throttle"
         # Named from the Metadata the client asked through the proxy: no lookup was needed.
         assert proxy.metric("kthrottle_topic_ids_total", {"outcome": "unresolved"}) == 0
