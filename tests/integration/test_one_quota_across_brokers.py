@@ -99,7 +99,9 @@ def test_consumer_fetching_from_three_brokers_at_once_shares_its_allowance(
     topic = f"one-quota-fetch-{uuid.uuid4().hex[:6]}"
     kafka_cluster3.create_topic(topic, partitions=3, replication=1)
     assert _leaders(kafka_cluster3, topic) == {1, 2, 3}, "the partitions' leaders are not on three brokers"
-    kafka_cluster3.fill_topic(topic, 48 * 1024)
+    # 64 KiB batches: a broker returns whole batches, and a consumer of 1 MiB batches at 1 MiB/s
+    # gets 5 or 6 of them in a 5.5 s window, +-9% by the window alone.
+    kafka_cluster3.fill_topic(topic, 48 * 1024, batch_bytes=64 * 1024)
     quota = MiB
     quotas = {"window": WINDOW, "clients": {"wide-consumer": {"consumer_byte_rate": quota}}}
     with ProxyProcess(gateway_config(kafka_cluster3, quotas=quotas), workdir=tmp_path) as proxy:
