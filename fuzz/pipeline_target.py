@@ -35,8 +35,10 @@ from protocol import messages
 from protocol.frames import FrameDecoder
 from protocol.mutations import TopicRef
 from proxy.config import ProxyConfig, parse_config
-from proxy.pipeline import Pipeline, _ClientProtocol
+from proxy.pipeline import Pipeline
 from proxy.server import ProxyServer
+from proxy.stages import proxy_stages
+from proxy.transports import ClientProtocol
 
 MAX_FRAME_BYTES = 256 * 1024
 SCRATCH_BYTES = 32 * 1024  # FrameDecoder's default scratch buffer
@@ -170,11 +172,12 @@ class PipelineFuzzer:
         server.enforcer.clock = self.loop.time
         if capture:
             server.capture = _Capture()  # type: ignore[assignment]
+            server.stages = proxy_stages(server)
         return server
 
     def _connect(self, server: ProxyServer) -> tuple[Pipeline, FakeTransport]:
         listener = next(iter(server.listeners.values()), None) or _listener(server)
-        protocol = _ClientProtocol(server, listener)
+        protocol = ClientProtocol(lambda transport: Pipeline(server, listener, transport))
         client = FakeTransport(self.loop, protocol, ("127.0.0.1", 40000))
 
         async def accept() -> None:
@@ -291,7 +294,7 @@ class PipelineFuzzer:
 
 
 def _listener(server: ProxyServer) -> Any:
-    from proxy.server import Listener
+    from proxy.host import Listener
 
     listener = Listener("fuzz", "127.0.0.1", 19092, None)
     server.listeners["fuzz"] = listener

@@ -6,22 +6,24 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from dataclasses import dataclass, field
 
 from proxy.brokers import BrokerDirectory
 from proxy.capture import CaptureWriter, instance_name
 from proxy.cluster_quotas import ClusterQuotaService
 from proxy.config import ProxyConfig
+from proxy.host import Listener
 from proxy.metrics import ProxyMetrics
-from proxy.pipeline import Pipeline, _ClientProtocol
+from proxy.pipeline import Pipeline
 from proxy.quota_api import QuotaApiService
 from proxy.quota_metrics import QuotaCollector
 from proxy.ratelog import RateLimitedLog
+from proxy.stages import proxy_stages
 from proxy.throttling import QuotaEnforcer
 from proxy.tls import ListenerTlsContext, upstream_context
 from proxy.topic_catalog import TopicCatalog
 from proxy.topic_lookup import TopicIdLookup
 from proxy.topic_names import TopicNames
+from proxy.transports import ClientProtocol
 from proxy.upstream_client import PlainCredentials, UpstreamLogin, fetch_brokers
 from proxy.volume_service import VolumeService
 from quota.entities import any_cluster_scope
@@ -29,17 +31,6 @@ from quota.entities import any_cluster_scope
 log = logging.getLogger(__name__)
 handshake_log = RateLimitedLog(log)
 EXPIRY_SWEEP_SECONDS = 5.0  # how often idle quota state is looked for without traffic
-
-
-@dataclass
-class Listener:
-    """A proxy port. ``node_id`` None is the bootstrap (or sidecar) port."""
-
-    name: str
-    host: str
-    port: int
-    node_id: int | None
-    server: asyncio.AbstractServer | None = field(default=None, repr=False)
 
 
 class ProxyServer:
@@ -76,6 +67,7 @@ class ProxyServer:
             if cfg.quota_api.mode != "forward"
             else None
         )
+        self.stages = proxy_stages(self)
         self.listeners: dict[str, Listener] = {}
         self.pipelines: set[Pipeline] = set()
         self.draining = False
@@ -126,7 +118,7 @@ class ProxyServer:
         listener = Listener(name, self.cfg.bind_host, port, node_id)
         loop = asyncio.get_running_loop()
         listener.server = await loop.create_server(
-            lambda: _ClientProtocol(self, listener),
+            lambda: ClientProtocol(lambda transport: Pipeline(self, listener, transport)),
             self.cfg.bind_host,
             port,
             reuse_address=True,

@@ -85,6 +85,7 @@ class QuotaEnforcer:
         self._holds: dict[tuple[bool, Bucket], float] = {}
         now = self.now_ms()
         self.cfg = cfg
+        self.generation = 0  # raised at each reconfigure: pipelines resolve their stages again
         self.produce = ByteRateQuotas(cfg, produce=True, now_ms=now)
         self.fetch = ByteRateQuotas(cfg, produce=False, now_ms=now)
         self.mutations = MutationQuotas(cfg, now)
@@ -117,6 +118,7 @@ class QuotaEnforcer:
 
     def reconfigure(self, cfg: QuotaConfig) -> None:
         self.cfg = cfg
+        self.generation += 1
         self.produce.reconfigure(cfg)
         self.fetch.reconfigure(cfg)
         self.mutations.reconfigure(cfg)
