@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from protocol.api_keys import api_name
 from protocol.schema import Buffer, SchemaError, skip_tagged_fields, write_uvarint
@@ -27,6 +28,26 @@ class FrameTooLarge(FrameError):
     pass
 
 
+STREAM_CHUNK_BYTES = 256 * 1024  # a streamed frame is read into buffers this large
+
+
+@dataclass(slots=True)
+class FrameHead:
+    """A large frame has begun: its payload size and first bytes (a view valid until the next
+    call into the decoder). ``FrameDecoder.stream()`` takes it; otherwise it is gathered whole."""
+
+    size: int
+    head: memoryview
+
+
+@dataclass(slots=True)
+class Piece:
+    """Bytes of a streamed frame, in order; ``last`` on the one that ends it."""
+
+    data: memoryview
+    last: bool
+
+
 class FrameDecoder:
     """Splits a byte stream into frames (payloads without the size prefix).
 
@@ -41,19 +62,31 @@ class FrameDecoder:
     at a time), not with what its size prefix claims: four bytes claiming 100 MiB cost 64 KiB,
     so memory follows the bytes a client actually sent (a 1 MiB frame costs ~16 us more to
     gather than with one allocation of its size).
+
+    With ``stream_from`` set, a frame at least that large that has not fully arrived is offered
+    instead: ``written`` ends with a ``FrameHead`` (its size and first ``head_bytes``), and the
+    caller may take it with ``stream()``. The rest of the frame then comes out as ``Piece``s, as
+    its bytes arrive, each a view the decoder never writes into again (safe to hand to a
+    transport that keeps it). Not taken, the frame is gathered whole as usual.
     """
 
     __slots__ = (
         "_big",
         "_big_filled",
         "_big_size",
+        "_chunk",
+        "_chunk_filled",
         "_end",
+        "_offered",
         "_scratch",
         "_scratch_bytes",
         "_start",
+        "_stream_left",
         "big_frame_bytes",
         "big_initial_bytes",
+        "head_bytes",
         "max_frame_bytes",
+        "stream_from",
     )
 
     def __init__(
@@ -62,9 +95,17 @@ class FrameDecoder:
         scratch_bytes: int = 32 * 1024,
         big_frame_bytes: int = 16 * 1024,
         big_initial_bytes: int = 64 * 1024,
+        stream_from: int = 0,
+        head_bytes: int = 512,
     ) -> None:
         self.max_frame_bytes = max_frame_bytes
         self.big_initial_bytes = big_initial_bytes
+        self.stream_from = stream_from  # 0: never offer a frame for streaming
+        self.head_bytes = min(head_bytes, scratch_bytes // 2)
+        self._offered = False  # a FrameHead was returned; scratch[start:] holds its beginning
+        self._stream_left = 0  # payload bytes of the frame being streamed still to come
+        self._chunk: bytearray | None = None  # where a streamed frame's bytes are read into
+        self._chunk_filled = 0
         self.big_frame_bytes = min(big_frame_bytes, scratch_bytes // 2)
         self._scratch_bytes = scratch_bytes
         self._scratch: bytearray | None = None
@@ -76,6 +117,14 @@ class FrameDecoder:
 
     def get_buffer(self) -> memoryview:
         """Where the next bytes read from the socket should go (never empty)."""
+        if self._stream_left:
+            chunk = self._chunk
+            if chunk is None or self._chunk_filled == len(chunk):
+                chunk = self._chunk = bytearray(min(self._stream_left, STREAM_CHUNK_BYTES))
+                self._chunk_filled = 0
+            return memoryview(chunk)[self._chunk_filled : self._chunk_filled + self._stream_left]
+        if self._offered:
+            self._gather_offered()
         if self._big is not None:
             if self._big_filled == len(self._big):
                 self._grow_big()
@@ -86,8 +135,18 @@ class FrameDecoder:
             self._compact()
         return memoryview(self._scratch)[self._end :]
 
-    def written(self, n: int) -> list[bytearray]:
-        """``n`` bytes were written into the last buffer; returns the frames now complete."""
+    def written(self, n: int) -> list[Any]:
+        """``n`` bytes were written into the last buffer; returns the frames now complete
+        (``bytearray``s), then possibly a ``FrameHead``; or, while streaming, one ``Piece``."""
+        if self._stream_left:
+            assert self._chunk is not None
+            start = self._chunk_filled
+            self._chunk_filled += n
+            self._stream_left -= n
+            piece = Piece(memoryview(self._chunk)[start : start + n], not self._stream_left)
+            if not self._stream_left:
+                self._chunk = None
+            return [piece]
         if self._big is not None:
             self._big_filled += n
             if self._big_filled < self._big_size:
@@ -100,9 +159,9 @@ class FrameDecoder:
         self._split(frames)
         return frames
 
-    def feed(self, data: Buffer) -> list[bytearray]:
+    def feed(self, data: Buffer) -> list[Any]:
         view = memoryview(data)
-        frames: list[bytearray] = []
+        frames: list[Any] = []
         while view:
             target = self.get_buffer()
             n = min(len(target), len(view))
@@ -111,9 +170,9 @@ class FrameDecoder:
             frames.extend(self.written(n))
         return frames
 
-    def _split(self, frames: list[bytearray]) -> None:
+    def _split(self, frames: list[Any]) -> None:
         scratch = self._scratch
-        if scratch is None:
+        if scratch is None or self._offered:
             return
         while self._end - self._start >= 4:
             (size,) = SIZE.unpack_from(scratch, self._start)
@@ -127,12 +186,14 @@ class FrameDecoder:
                 frames.append(scratch[begin : begin + size])
                 self._start = begin + size
                 continue
+            if self.stream_from and size >= self.stream_from:
+                if have < min(size, self.head_bytes):
+                    break  # its head is still to come (into scratch, like a small frame)
+                self._offered = True
+                frames.append(FrameHead(size, memoryview(scratch)[begin : self._end]))
+                return
             if size >= self.big_frame_bytes:
-                big = bytearray(min(size, max(have, self.big_initial_bytes)))
-                big[:have] = scratch[begin : self._end]
-                self._big, self._big_filled, self._big_size = big, have, size
-                self._start = self._end = 0
-                self._scratch = None
+                self._begin_big(scratch, begin, have, size)
                 return
             break
         if self._start == self._end:
@@ -140,6 +201,35 @@ class FrameDecoder:
             self._scratch = None
         elif self._start > len(scratch) // 2:
             self._compact()
+
+    def _begin_big(self, scratch: bytearray, begin: int, have: int, size: int) -> None:
+        big = bytearray(min(size, max(have, self.big_initial_bytes)))
+        big[:have] = scratch[begin : self._end]
+        self._big, self._big_filled, self._big_size = big, have, size
+        self._start = self._end = 0
+        self._scratch = None
+
+    def _gather_offered(self) -> None:
+        """The offered frame was not taken for streaming: gather it whole."""
+        self._offered = False
+        scratch = self._scratch
+        assert scratch is not None
+        (size,) = SIZE.unpack_from(scratch, self._start)
+        begin = self._start + 4
+        self._begin_big(scratch, begin, self._end - begin, size)
+
+    def stream(self) -> bytes:
+        """Take the offered frame: its bytes so far (the head and what came with it); the rest
+        comes out of ``written`` as ``Piece``s."""
+        assert self._offered and self._scratch is not None
+        self._offered = False
+        begin = self._start + 4
+        (size,) = SIZE.unpack_from(self._scratch, self._start)
+        head = bytes(self._scratch[begin : self._end])
+        self._stream_left = size - len(head)
+        self._start = self._end = 0
+        self._scratch = None
+        return head
 
     def _grow_big(self) -> None:
         """Eight times larger (at most the frame's size): a 1 MiB frame takes two steps, and
@@ -163,15 +253,21 @@ class FrameDecoder:
         return self._big_filled if self._big is not None else self._end - self._start
 
     @property
+    def streaming(self) -> bool:
+        """True while the rest of a streamed frame is still to come."""
+        return bool(self._stream_left)
+
+    @property
     def allocated(self) -> int:
         """Bytes of buffer memory held now (scratch and large-frame buffers)."""
         big = len(self._big) if self._big is not None else 0
-        return big + (len(self._scratch) if self._scratch is not None else 0)
+        chunk = len(self._chunk) if self._chunk is not None else 0
+        return big + chunk + (len(self._scratch) if self._scratch is not None else 0)
 
     @property
     def mid_frame(self) -> bool:
         """True while part of a frame has arrived (a peer that closes now truncated it)."""
-        return self._big is not None or self._end > self._start
+        return self._big is not None or self._end > self._start or bool(self._stream_left)
 
 
 def frame(payload: Buffer) -> bytes:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from protocol.api_keys import api_name
+from proxy.traffic_metrics import TrafficCollector
 
 
 class ProxyMetrics:
@@ -19,13 +19,8 @@ class ProxyMetrics:
         self.connections_total = Counter(
             "kthrottle_connections", "Accepted client connections", ["listener"], registry=r
         )
-        self.requests = Counter("kthrottle_requests", "Requests forwarded, by api", ["api"], registry=r)
-        self.request_bytes = Counter(
-            "kthrottle_request_bytes", "Request bytes from clients, by api", ["api"], registry=r
-        )
-        self.response_bytes = Counter(
-            "kthrottle_response_bytes", "Response bytes to clients, by api", ["api"], registry=r
-        )
+        self.traffic = TrafficCollector()  # requests, bytes and upstream latency, by api
+        r.register(self.traffic)
         self.upstream_errors = Counter(
             "kthrottle_upstream_errors",
             "Upstream connection failures, by kind (connect, disconnect with requests in flight, "
@@ -46,13 +41,6 @@ class ProxyMetrics:
         )
         self.rewritten_addresses = Counter(
             "kthrottle_rewritten_addresses", "Broker addresses replaced in responses", registry=r
-        )
-        self.upstream_latency = Histogram(
-            "kthrottle_upstream_latency_seconds",
-            "Time from forwarding a request to its response arriving, by api",
-            ["api"],
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-            registry=r,
         )
         self.throttled_requests = Counter(
             "kthrottle_throttled_requests",
@@ -122,18 +110,3 @@ class ProxyMetrics:
             ["outcome"],
             registry=r,
         )
-        self._per_api: dict[int, tuple[Counter, Counter, Counter, Histogram]] = {}
-
-    def api(self, api_key: int) -> tuple[Counter, Counter, Counter, Histogram]:
-        """Children for one api key, cached: label lookups are too slow for the hot path."""
-        children = self._per_api.get(api_key)
-        if children is None:
-            name = api_name(api_key) or "unknown"
-            children = (
-                self.requests.labels(name),
-                self.request_bytes.labels(name),
-                self.response_bytes.labels(name),
-                self.upstream_latency.labels(name),
-            )
-            self._per_api[api_key] = children
-        return children

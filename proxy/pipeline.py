@@ -14,7 +14,6 @@ import itertools
 import logging
 import struct
 from collections import deque
-from collections.abc import Coroutine
 from typing import Any
 
 from protocol import messages
@@ -23,18 +22,22 @@ from protocol.frames import (
     SIZE,
     FrameDecoder,
     FrameError,
+    FrameHead,
     FrameTooLarge,
+    Piece,
     RequestHeader,
     encode_response_header,
     parse_request_header,
 )
 from protocol.sasl import SaslTracker
 from protocol.schema import SchemaError
-from proxy import transports
 from proxy.connection_identity import Refused, tls_identity
+from proxy.flow import ConnectionFlow
+from proxy.frame_streams import FrameStreams
 from proxy.host import Host, Listener
 from proxy.stages import InFlight, Request, Response
-from proxy.transports import UpstreamProtocol, close_bounded, peer_has_closed
+from proxy.traffic_metrics import ApiTraffic
+from proxy.transports import UpstreamProtocol, close_bounded
 from quota.keys import ANONYMOUS
 
 log = logging.getLogger(__name__)
@@ -45,16 +48,14 @@ _ids = itertools.count(1)
 WRITE_BUFFER_HIGH = 4 * 1024 * 1024
 WRITE_BUFFER_LOW = 1024 * 1024
 
-# Reasons a connection reads nothing new until they pass (other pauses only stop the socket).
-_THROTTLE = "throttle"  # muted for a throttle time
-_THROTTLE_PENDING = "throttle-pending"  # a throttled request's response has not gone out yet
-_HOLD_REASONS = frozenset({_THROTTLE, _THROTTLE_PENDING, "admission", "volume-pause", "quota-api"})
+STREAM_FROM_BYTES = 64 * 1024  # frames from this size go out as they arrive, when they may
 
 
-class Pipeline:
+class Pipeline(ConnectionFlow):
     """State of one client connection and its upstream connection."""
 
     def __init__(self, server: Host, listener: Listener, client: asyncio.Transport) -> None:
+        super().__init__()
         self.id = next(_ids)
         self.server = server
         self.listener = listener
@@ -64,29 +65,21 @@ class Pipeline:
         self.upstream_addr = "?"
         peer = client.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self.requests = FrameDecoder(server.cfg.max_frame_bytes)
-        self.responses = FrameDecoder(server.cfg.max_frame_bytes)
+        # Large frames are offered for streaming: forwarded as their bytes arrive when no stage
+        # needs more of them than their first bytes.
+        self.requests = FrameDecoder(server.cfg.max_frame_bytes, stream_from=STREAM_FROM_BYTES)
+        self.responses = FrameDecoder(server.cfg.max_frame_bytes, stream_from=STREAM_FROM_BYTES)
+        self.streams = FrameStreams(self)
         self.in_flight: deque[InFlight] = deque()
         self.pending: list[bytes | bytearray] = []  # frames read before the upstream connected
-        self._client_pauses: set[str] = set()
-        self._upstream_pauses: set[str] = set()
         self.closed = False
         self.user = ANONYMOUS  # the authenticated principal, once the proxy knows it
         self.node_id = listener.node_id  # the broker this connection stands for (None: bootstrap)
         self.sasl = SaslTracker()
-        self._mute_until = 0.0
-        self._mute_handle: asyncio.TimerHandle | None = None
-        self._watch_handle: asyncio.TimerHandle | None = None  # looks for the client leaving while paused
-        self._pending_throttles = 0  # throttled requests whose response is still to come
-        self._last_response_at = 0.0
-        # Loop time the current incomplete request frame began arriving (reading time only: a
-        # pause restarts it), or None between frames: the slowloris deadline.
-        self.frame_started: float | None = None
-        self.held: deque[bytearray] = deque()  # requests read while the connection was muted
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.last_response_at = 0.0
         self.loop = asyncio.get_running_loop()
         self.metrics = server.metrics
-        self._api_metrics: dict[int, Any] = {}  # per api key, resolved once per connection
+        self._api_traffic: dict[int, ApiTraffic] = {}  # per api key, resolved once per connection
         self.stages = server.stages.for_connection(self)
         server.pipeline_opened(self)
         self._connect_task: asyncio.Task[None] | None = None
@@ -144,7 +137,7 @@ class Pipeline:
             transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
             self.upstream_addr = f"{host}:{port}"
             for frame in self.pending:
-                self._forward(frame)
+                self.forward(frame)
             self.pending.clear()
             if self._upstream_pauses:
                 transport.pause_reading()
@@ -200,113 +193,6 @@ class Pipeline:
     def idle(self) -> bool:
         return not self.in_flight
 
-    # --- flow control ------------------------------------------------------------------------
-
-    def pause_client(self, reason: str) -> None:
-        if not self._client_pauses and not self.closed:
-            self.client.pause_reading()
-            if self._watch_handle is None:
-                self._watch_handle = self.loop.call_later(
-                    transports.PAUSED_PEER_CHECK_SECONDS, self._watch_client
-                )
-        self._client_pauses.add(reason)
-
-    def hold(self, reason: str) -> None:
-        """A stage holds the connection: nothing new is read until it releases ``reason``."""
-        self.pause_client(reason)
-
-    def _watch_client(self) -> None:
-        """While reads are paused, close the connection once the client has left."""
-        self._watch_handle = None
-        if self.closed or not self._client_pauses:
-            return
-        if peer_has_closed(self.client):
-            paused = ", ".join(sorted(self._client_pauses))
-            self.close(f"client left while its reads were paused ({paused})", level=logging.INFO)
-            return
-        self._watch_handle = self.loop.call_later(transports.PAUSED_PEER_CHECK_SECONDS, self._watch_client)
-
-    def resume_client(self, reason: str) -> None:
-        self._client_pauses.discard(reason)
-        if self._client_pauses or self.closed:
-            return
-        self._release_held()
-
-    def release(self, reason: str) -> None:
-        """A stage's hold is over: requests read meanwhile go first, then reading resumes."""
-        self._client_pauses.discard(reason)
-        self._release_held()
-
-    def _release_held(self) -> None:
-        """Requests read while held go first, in order; one of them may hold the connection again."""
-        while self.held and not self._holding and not self.closed:
-            self._request(self.held.popleft())
-        if not self._client_pauses and not self.closed:
-            self.client.resume_reading()
-            if self.frame_started is not None:
-                self.frame_started = self.loop.time()  # the pause was ours, not the client's
-
-    @property
-    def _holding(self) -> bool:
-        return bool(self._client_pauses & _HOLD_REASONS)
-
-    def frame_overdue(self, now: float, timeout: float) -> bool:
-        """True when a request frame has been arriving for longer than ``timeout`` seconds of
-        reading time (paused connections are never overdue: we are the ones not reading)."""
-        started = self.frame_started
-        return started is not None and not self._client_pauses and not self.closed and now - started > timeout
-
-    def pause_upstream(self, reason: str) -> None:
-        if not self._upstream_pauses and self.upstream is not None and not self.closed:
-            self.upstream.pause_reading()
-        self._upstream_pauses.add(reason)
-
-    def resume_upstream(self, reason: str) -> None:
-        self._upstream_pauses.discard(reason)
-        if not self._upstream_pauses and self.upstream is not None and not self.closed:
-            self.upstream.resume_reading()
-
-    def mute(self, throttle_ms: int) -> None:
-        """Stop reading from the client for ``throttle_ms`` (KIP-219's channel mute)."""
-        until = self.loop.time() + throttle_ms / 1000.0
-        if until <= self._mute_until or self.closed:
-            return
-        self._mute_until = until
-        self.pause_client(_THROTTLE)
-        if self._mute_handle is not None:
-            self._mute_handle.cancel()
-        self._mute_handle = self.loop.call_at(until, self._unmute)
-
-    def _unmute(self) -> None:
-        self._mute_handle = None
-        self._mute_until = 0.0
-        self.resume_client(_THROTTLE)
-
-    def wait_before(self, frame: bytearray, wait_ms: int) -> None:
-        """Put a request back, unread, and mute the connection ``wait_ms``: it is read again then."""
-        self.held.appendleft(frame)
-        self.mute(wait_ms)
-
-    def hold_until_answered(self, entry: InFlight) -> None:
-        """Read nothing more until ``entry``'s response has gone out (its mute follows)."""
-        entry.holds_reads = True
-        self._pending_throttles += 1
-        self.pause_client(_THROTTLE_PENDING)
-
-    def _answered(self, entry: InFlight) -> None:
-        if entry.holds_reads:
-            entry.holds_reads = False
-            self._pending_throttles -= 1
-            if not self._pending_throttles:
-                self.resume_client(_THROTTLE_PENDING)
-
-    def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """A task of this connection: cancelled when it closes."""
-        task = self.loop.create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
     # --- requests ------------------------------------------------------------------------------
 
     def client_written(self, nbytes: int) -> None:
@@ -320,12 +206,17 @@ class Pipeline:
             return
         if not self.requests.mid_frame:
             self.frame_started = None
-        elif self.frame_started is None or frames:
+        elif self.frame_started is None or (frames and type(frames[-1]) is not Piece):
             self.frame_started = self.loop.time()  # a new frame began in these bytes
         for frame in frames:
             if self.closed:
                 return
-            if self._holding:  # a throttled connection is muted: Kafka would not have read these yet
+            kind = type(frame)
+            if kind is Piece:
+                self.streams.request_piece(frame)
+            elif kind is FrameHead:
+                self.streams.request_head(frame)
+            elif self.holding:  # a throttled connection is muted: Kafka would not have read these yet
                 self.held.append(frame)
             else:
                 self._request(frame)
@@ -338,7 +229,7 @@ class Pipeline:
             return
         req = Request(header, frame)
         try:
-            for stage in self.stages.for_key(header.api_key):
+            for stage in self.stages.for_request(header.api_key, header.api_version):
                 if stage.on_request(req):
                     return
             expects_response = req.expects_response
@@ -362,19 +253,17 @@ class Pipeline:
                     watcher.on_done(entry, -1.0)
         self.send(frame)
 
-    def _metrics_of(self, api_key: int) -> Any:
-        found = self._api_metrics.get(api_key)
+    def traffic(self, api_key: int) -> ApiTraffic:
+        found = self._api_traffic.get(api_key)
         if found is None:
-            found = self._api_metrics[api_key] = self.metrics.api(api_key)
+            found = self._api_traffic[api_key] = self.metrics.traffic.api(api_key)
         return found
 
     def entry_for(self, req: Request, counted: bool = True) -> InFlight:
         """The FIFO entry of a request (not queued yet); counted in the request metrics."""
         header = req.header
         if counted:
-            req_counter, bytes_counter, _resp, _lat = self._metrics_of(header.api_key)
-            req_counter.inc()
-            bytes_counter.inc(len(req.frame) + 4)
+            self.traffic(header.api_key).request(len(req.frame) + 4)
         entry = InFlight(
             header.api_key,
             header.api_version,
@@ -393,13 +282,16 @@ class Pipeline:
         return entry
 
     def send(self, frame: bytes | bytearray) -> None:
-        """Forward a request, or queue it until the upstream connection is up."""
+        """Forward a request, or queue it until the upstream connection is up (or a request
+        being streamed has gone out)."""
         if self.upstream is None:
             self.pending.append(frame)
+        elif self.streams.request_open:
+            self.streams.after_request.append(frame)
         else:
-            self._forward(frame)
+            self.forward(frame)
 
-    def _forward(self, frame: bytes | bytearray) -> None:
+    def forward(self, frame: bytes | bytearray) -> None:
         assert self.upstream is not None
         self.upstream.writelines((SIZE.pack(len(frame)), frame))
 
@@ -416,6 +308,8 @@ class Pipeline:
         self.flush_local()
 
     def flush_local(self) -> None:
+        if self.streams.response is not None:
+            return  # in its turn, once the response being streamed has gone out
         while self.in_flight and self.in_flight[0].local_response is not None:
             entry = self.in_flight.popleft()
             assert entry.local_response is not None
@@ -441,7 +335,22 @@ class Pipeline:
         for frame in frames:
             if self.closed:
                 return
-            self._response(frame)
+            kind = type(frame)
+            if kind is Piece:
+                self.streams.response_piece(frame)
+            elif kind is FrameHead:
+                self.streams.response_head(frame)
+            else:
+                self._response(frame)
+
+    def sent(self, entry: InFlight) -> None:
+        """``entry``'s response went out: its mute begins, reads may go on, local answers follow."""
+        if entry.throttle_ms:
+            self.mute(entry.throttle_ms)
+        self._answered(entry)
+        self.flush_local()
+        if self.server.draining and not self.in_flight:
+            self.close("drained for shutdown", level=logging.INFO)
 
     def _response(self, frame: bytearray) -> None:
         if not self.in_flight or len(frame) < 4:
@@ -457,8 +366,8 @@ class Pipeline:
         now = self.loop.time()
         # The broker works on one request of a connection at a time: a pipelined request's time
         # starts when the one before it was answered.
-        entry.busy = now - max(entry.sent_at, self._last_response_at)
-        self._last_response_at = now
+        entry.busy = now - max(entry.sent_at, self.last_response_at)
+        self.last_response_at = now
         if entry.stages or entry.throttle_ms:
             resp = Response(entry, frame)
             try:
@@ -470,16 +379,9 @@ class Pipeline:
                 self.metrics.upstream_errors.labels("undecodable-response").inc()
                 self.close(f"cannot rewrite {api_name(entry.api_key)} v{entry.api_version} response: {exc}")
                 return
-        _req, _bytes, resp_counter, latency = self._metrics_of(entry.api_key)
-        resp_counter.inc(len(frame) + 4)
         upstream = now - entry.sent_at
-        latency.observe(upstream)
+        self.traffic(entry.api_key).response(len(frame) + 4, upstream)
         for watcher in entry.watchers:
             watcher.on_done(entry, upstream * 1000)
         self.client.writelines((SIZE.pack(len(frame)), frame))
-        if entry.throttle_ms:
-            self.mute(entry.throttle_ms)
-        self._answered(entry)
-        self.flush_local()
-        if self.server.draining and not self.in_flight:
-            self.close("drained for shutdown", level=logging.INFO)
+        self.sent(entry)

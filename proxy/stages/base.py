@@ -224,6 +224,11 @@ class Stage:
         in force; asked again when the quotas are reconfigured."""
         return ()
 
+    def wants_version(self, api_key: int, api_version: int) -> bool:
+        """Whether ``on_request`` sees this version of a key it asked for (resolved once per
+        connection and version, like ``request_keys``)."""
+        return True
+
     def on_request(self, req: Request) -> bool:
         """Look at a request before it is forwarded. True: the stage took it over (answered it,
         held it, queued its entry itself); later stages do not see it and it is not forwarded."""

@@ -11,6 +11,9 @@ if TYPE_CHECKING:
     from proxy.throttling import QuotaEnforcer
 
 
+_MAX_RESOLVED = 1024  # (key, version) pairs remembered per connection
+
+
 class StageSet:
     """The proxy's stage factories, in the order their ``on_request`` runs."""
 
@@ -23,9 +26,9 @@ class StageSet:
 
 
 class StageChain:
-    """One connection's stages and, per API key, the ones that asked for its requests: resolved
-    once per key, and again only when the quotas are reconfigured (a key nobody asked for maps
-    to an empty tuple, and its requests are forwarded undecoded)."""
+    """One connection's stages and, per API key and version, the ones that asked for its
+    requests: resolved once, and again only when the quotas are reconfigured (a request nobody
+    asked for maps to an empty tuple, and is forwarded undecoded)."""
 
     __slots__ = ("_enforcer", "_generation", "_table", "stages")
 
@@ -35,20 +38,22 @@ class StageChain:
         self._generation = enforcer.generation
         self._table: dict[int, tuple[Stage, ...]] = {}
 
-    def for_key(self, api_key: int) -> tuple[Stage, ...]:
+    def for_request(self, api_key: int, api_version: int) -> tuple[Stage, ...]:
         if self._generation != self._enforcer.generation:
             self._table.clear()
             self._generation = self._enforcer.generation
-        found = self._table.get(api_key)
+        slot = api_key << 16 | api_version
+        found = self._table.get(slot)
         if found is None:
-            found = self._resolve(api_key)
-            self._table[api_key] = found
+            if len(self._table) >= _MAX_RESOLVED:  # a client trying every version: start over
+                self._table.clear()
+            found = self._table[slot] = self._resolve(api_key, api_version)
         return found
 
-    def _resolve(self, api_key: int) -> tuple[Stage, ...]:
+    def _resolve(self, api_key: int, api_version: int) -> tuple[Stage, ...]:
         chosen = []
         for stage in self.stages:
             keys = stage.request_keys()
-            if keys is None or api_key in keys:
+            if (keys is None or api_key in keys) and stage.wants_version(api_key, api_version):
                 chosen.append(stage)
         return tuple(chosen)

@@ -19,11 +19,12 @@ class VersionGate(Stage):
     def request_keys(self) -> Collection[int]:
         return self._known.keys()
 
+    def wants_version(self, api_key: int, api_version: int) -> bool:
+        known = self._known[api_key]
+        return known is None or not known[0] <= api_version <= known[1]
+
     def on_request(self, req: Request) -> bool:
         key, version = req.header.api_key, req.header.api_version
-        known = self._known[key]
-        if known is not None and known[0] <= version <= known[1]:
-            return False
         if key == ApiKey.API_VERSIONS:
             conn = self.conn
             entry = conn.entry_for(req, counted=False)

@@ -7,7 +7,7 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.frames import FrameDecoder
+from protocol.frames import FrameDecoder, FrameHead, Piece
 
 sizes = st.one_of(st.integers(0, 300), st.integers(1000, 5000))
 
@@ -69,3 +69,75 @@ def test_a_large_frame_grows_even_while_a_view_of_its_buffer_is_alive() -> None:
         frames.extend(dec.written(n))
         pos += n
     assert [bytes(f) for f in frames] == [payload]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    payloads=st.lists(
+        sizes.map(lambda n: bytes((i * 7 + n) % 251 for i in range(n))), min_size=1, max_size=12
+    ),
+    cuts=st.lists(st.integers(1, 4000), min_size=1, max_size=50),
+    take=st.lists(st.booleans(), min_size=1, max_size=12),
+)
+def test_streamed_and_gathered_frames_come_out_whole_and_in_order(
+    payloads: list[bytes], cuts: list[int], take: list[bool]
+) -> None:
+    """A frame offered for streaming comes out as its head then its pieces (whose views stay
+    valid after the decoder moves on), or whole when not taken; every frame is exactly as sent."""
+    stream = b"".join(struct.pack(">i", len(p)) + p for p in payloads)
+    dec = FrameDecoder(scratch_bytes=2048, big_frame_bytes=512, stream_from=1000, head_bytes=16)
+    got: list[bytes] = []
+    pieces: list[tuple[memoryview, bytes]] = []  # kept, as a transport may keep them
+    current: bytearray | None = None
+    offered = 0
+    pos = i = 0
+    while pos < len(stream):
+        n = cuts[i % len(cuts)]
+        i += 1
+        target = dec.get_buffer()
+        n = min(n, len(target), len(stream) - pos)
+        target[:n] = stream[pos : pos + n]
+        pos += n
+        for item in dec.written(n):
+            if isinstance(item, FrameHead):
+                assert item.size >= 1000 and len(item.head) >= 16
+                offered += 1
+                if take[offered % len(take)]:
+                    current = bytearray(dec.stream())
+                    if len(current) == item.size:  # the whole frame had arrived after all
+                        got.append(bytes(current))
+                        current = None
+            elif isinstance(item, Piece):
+                assert current is not None
+                pieces.append((item.data, bytes(item.data)))
+                current += item.data
+                if item.last:
+                    got.append(bytes(current))
+                    current = None
+            else:
+                got.append(bytes(item))
+    assert got == payloads
+    assert not dec.mid_frame
+    assert all(bytes(view) == seen for view, seen in pieces)  # never written over afterwards
+
+
+def test_a_streamed_frame_holds_one_chunk_not_the_whole_frame() -> None:
+    size = 10 * 1024 * 1024
+    dec = FrameDecoder(stream_from=64 * 1024)
+    first = dec.get_buffer()
+    first[:4] = struct.pack(">i", size)
+    first[4:1004] = b"h" * 1000
+    (head,) = dec.written(1004)
+    assert isinstance(head, FrameHead) and head.size == size
+    assert dec.stream() == b"h" * 1000
+    left = size - 1000
+    while left:
+        target = dec.get_buffer()
+        assert len(target) <= 256 * 1024
+        n = min(len(target), 100_000, left)
+        (piece,) = dec.written(n)
+        assert isinstance(piece, Piece) and len(piece.data) == n
+        left -= n
+        assert piece.last == (left == 0)
+        assert dec.allocated <= 256 * 1024 + 64 * 1024
+    assert not dec.mid_frame

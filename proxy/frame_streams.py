@@ -1,0 +1,97 @@
+"""Large frames forwarded as their bytes arrive, when no stage needs more of them than their
+first bytes: memory per connection stays bounded by the socket buffers, not by the frame size.
+
+A Produce request none of the connection's stages looks at is streamed upstream (its acks, in
+its first bytes, say whether a response comes); a response none looks at (no stage asked for it
+and no throttle is to be patched into it) is streamed to the client. Everything else is gathered
+whole, as before. While a request streams, other requests wait for it to end; while a response
+streams, answers the proxy makes itself wait for theirs.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+from protocol import messages
+from protocol.api_keys import ApiKey
+from protocol.frames import SIZE, FrameError, FrameHead, Piece, parse_request_header
+from protocol.schema import SchemaError
+from proxy.stages import InFlight
+
+if TYPE_CHECKING:
+    from proxy.pipeline import Pipeline
+
+
+class FrameStreams:
+    """One connection's frames under way, each direction."""
+
+    __slots__ = ("after_request", "conn", "request_open", "response", "response_size")
+
+    def __init__(self, conn: Pipeline) -> None:
+        self.conn = conn
+        self.request_open = False  # a request is being forwarded piece by piece
+        self.after_request: list[bytes | bytearray] = []  # sent once that request has gone out
+        self.response: InFlight | None = None  # whose response goes out piece by piece
+        self.response_size = 0
+
+    def request_head(self, head: FrameHead) -> None:
+        """A large request began: stream it if nothing needs it whole; else it is gathered."""
+        conn = self.conn
+        upstream = conn.upstream
+        if conn.holding or upstream is None:
+            return
+        try:
+            header = parse_request_header(head.head)
+            key, version = header.api_key, header.api_version
+            if key != ApiKey.PRODUCE or conn.stages.for_request(key, version):
+                return
+            acks = messages.read_produce_acks(version, head.head[header.size :])
+        except (FrameError, SchemaError, struct.error, IndexError):
+            return  # gathered whole, and refused then if it is bad
+        data = conn.requests.stream()
+        conn.traffic(key).request(head.size + 4)
+        if acks != 0:
+            sent_at = conn.loop.time()
+            conn.in_flight.append(
+                InFlight(key, version, header.correlation_id, sent_at, None, header.client_id or "")
+            )
+        self.request_open = True
+        upstream.writelines((SIZE.pack(head.size), data))
+
+    def request_piece(self, piece: Piece) -> None:
+        conn = self.conn
+        assert conn.upstream is not None
+        conn.upstream.write(piece.data)
+        if piece.last:
+            self.request_open = False
+            for frame in self.after_request:
+                conn.forward(frame)
+            self.after_request.clear()
+
+    def response_head(self, head: FrameHead) -> None:
+        """A large response began: stream it if nothing needs it whole; else it is gathered."""
+        conn = self.conn
+        if not conn.in_flight or len(head.head) < 4:
+            return
+        entry = conn.in_flight[0]
+        correlation_id = int.from_bytes(head.head[:4], "big", signed=True)
+        if entry.stages or entry.throttle_ms or correlation_id != entry.correlation_id:
+            return  # gathered whole (a wrong correlation id is refused then)
+        data = conn.responses.stream()
+        conn.in_flight.popleft()
+        conn.last_response_at = conn.loop.time()
+        self.response = entry
+        self.response_size = head.size
+        conn.client.writelines((SIZE.pack(head.size), data))
+
+    def response_piece(self, piece: Piece) -> None:
+        conn = self.conn
+        conn.client.write(piece.data)
+        if not piece.last:
+            return
+        entry = self.response
+        assert entry is not None
+        self.response = None
+        conn.traffic(entry.api_key).response(self.response_size + 4, conn.loop.time() - entry.sent_at)
+        conn.sent(entry)
