@@ -145,6 +145,10 @@ def _acks_zero(frame: bytearray, version: int) -> bool:
     return messages.produce_acks(body) == 0
 
 
+class _Pipeline(Pipeline):
+    stream_from = 600  # inputs are small: large-frame streaming must be fuzzed too
+
+
 class PipelineFuzzer:
     """One loop and one ProxyServer per setup, reused across inputs (as a proxy is)."""
 
@@ -177,7 +181,7 @@ class PipelineFuzzer:
 
     def _connect(self, server: ProxyServer) -> tuple[Pipeline, FakeTransport]:
         listener = next(iter(server.listeners.values()), None) or _listener(server)
-        protocol = ClientProtocol(lambda transport: Pipeline(server, listener, transport))
+        protocol = ClientProtocol(lambda transport: _Pipeline(server, listener, transport))
         client = FakeTransport(self.loop, protocol, ("127.0.0.1", 40000))
 
         async def accept() -> None:

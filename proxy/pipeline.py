@@ -54,6 +54,8 @@ STREAM_FROM_BYTES = 64 * 1024  # frames from this size go out as they arrive, wh
 class Pipeline(ConnectionFlow):
     """State of one client connection and its upstream connection."""
 
+    stream_from = STREAM_FROM_BYTES
+
     def __init__(self, server: Host, listener: Listener, client: asyncio.Transport) -> None:
         super().__init__()
         self.id = next(_ids)
@@ -67,8 +69,8 @@ class Pipeline(ConnectionFlow):
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         # Large frames are offered for streaming: forwarded as their bytes arrive when no stage
         # needs more of them than their first bytes.
-        self.requests = FrameDecoder(server.cfg.max_frame_bytes, stream_from=STREAM_FROM_BYTES)
-        self.responses = FrameDecoder(server.cfg.max_frame_bytes, stream_from=STREAM_FROM_BYTES)
+        self.requests = FrameDecoder(server.cfg.max_frame_bytes, stream_from=self.stream_from)
+        self.responses = FrameDecoder(server.cfg.max_frame_bytes, stream_from=self.stream_from)
         self.streams = FrameStreams(self)
         self.in_flight: deque[InFlight] = deque()
         self.pending: list[bytes | bytearray] = []  # frames read before the upstream connected
