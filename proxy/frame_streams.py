@@ -18,6 +18,7 @@ from protocol.api_keys import ApiKey
 from protocol.frames import SIZE, FrameError, FrameHead, Piece, parse_request_header
 from protocol.schema import SchemaError
 from proxy.stages import InFlight
+from proxy.stages.base import WHOLE, StreamFilter
 
 if TYPE_CHECKING:
     from proxy.pipeline import Pipeline
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 class FrameStreams:
     """One connection's frames under way, each direction."""
 
-    __slots__ = ("after_request", "conn", "request_open", "response", "response_size")
+    __slots__ = ("after_request", "conn", "filter", "held", "request_open", "response", "response_size")
 
     def __init__(self, conn: Pipeline) -> None:
         self.conn = conn
@@ -34,6 +35,8 @@ class FrameStreams:
         self.after_request: list[bytes | bytearray] = []  # sent once that request has gone out
         self.response: InFlight | None = None  # whose response goes out piece by piece
         self.response_size = 0
+        self.filter: StreamFilter | None = None  # a stage's view of the response streamed
+        self.held = bytearray()  # its bytes the filter holds back until the end
 
     def request_head(self, head: FrameHead) -> None:
         """A large request began: stream it if nothing needs it whole; else it is gathered."""
@@ -76,22 +79,54 @@ class FrameStreams:
             return
         entry = conn.in_flight[0]
         correlation_id = int.from_bytes(head.head[:4], "big", signed=True)
-        if entry.stages or entry.throttle_ms or correlation_id != entry.correlation_id:
+        if entry.throttle_ms or correlation_id != entry.correlation_id:
             return  # gathered whole (a wrong correlation id is refused then)
+        chosen: StreamFilter | None = None
+        for stage in entry.stages:
+            found = stage.stream_filter(entry)
+            if found is WHOLE or (found is not None and chosen is not None):
+                return
+            chosen = chosen or found
         data = conn.responses.stream()
         conn.in_flight.popleft()
         conn.last_response_at = conn.loop.time()
         self.response = entry
         self.response_size = head.size
-        conn.client.writelines((SIZE.pack(head.size), data))
+        self.filter = chosen
+        conn.client.writelines((SIZE.pack(head.size), self._passed(data)))
+
+    def _passed(self, data: bytes | memoryview) -> bytes | memoryview:
+        """What of ``data`` may go out now; the filter's share is held."""
+        if self.filter is None:
+            return data
+        if self.held:
+            self.held += data
+            return b""
+        n = self.filter.feed(data)
+        if n < len(data):
+            self.held += data[n:]
+            return data[:n]
+        return data
 
     def response_piece(self, piece: Piece) -> None:
         conn = self.conn
-        conn.client.write(piece.data)
+        try:
+            data = self._passed(piece.data)
+        except SchemaError as exc:
+            conn.metrics.upstream_errors.labels("undecodable-response").inc()
+            conn.close(f"cannot follow a streamed response: {exc}")
+            return
+        if data:
+            conn.client.write(data)
         if not piece.last:
             return
         entry = self.response
         assert entry is not None
         self.response = None
+        if self.filter is not None:
+            self.filter.finish(self.held)
+            conn.client.write(bytes(self.held))
+            self.held.clear()
+            self.filter = None
         conn.traffic(entry.api_key).response(self.response_size + 4, conn.loop.time() - entry.sent_at)
         conn.sent(entry)

@@ -42,6 +42,12 @@ class ProxyMetrics:
         self.rewritten_addresses = Counter(
             "kthrottle_rewritten_addresses", "Broker addresses replaced in responses", registry=r
         )
+        self.node_endpoints_withheld = Counter(
+            "kthrottle_node_endpoints_withheld",
+            "Streamed Produce/Fetch responses whose new-leader addresses (KIP-951) were withheld "
+            "(the client asks Metadata through the proxy instead)",
+            registry=r,
+        )
         self.throttled_requests = Counter(
             "kthrottle_throttled_requests",
             "Requests over a quota (throttled, or with topics rejected), by api and whether the "

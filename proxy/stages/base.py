@@ -32,6 +32,32 @@ if TYPE_CHECKING:
 EVERY_KEY: None = None  # ``Stage.request_keys`` answer: every API key
 
 
+class StreamFilter(Protocol):
+    """A stage's part in a response streamed to the client (``Stage.stream_filter``)."""
+
+    def feed(self, data: memoryview | bytes) -> int:
+        """The frame's next bytes went by: how many of them may go out now (the rest, and all
+        that follows, is held until ``finish``)."""
+        ...
+
+    def finish(self, tail: bytearray) -> None:
+        """The frame is complete: change the held bytes in place (never their length)."""
+        ...
+
+
+class _Whole:
+    """``Stage.stream_filter`` answer: this response must be gathered whole (never fed)."""
+
+    def feed(self, data: memoryview | bytes) -> int:
+        raise AssertionError("a response a stage needs whole is not streamed")
+
+    def finish(self, tail: bytearray) -> None:
+        raise AssertionError("a response a stage needs whole is not streamed")
+
+
+WHOLE: StreamFilter = _Whole()
+
+
 @dataclass(slots=True)
 class InFlight:
     """A request forwarded (or held, or answered by the proxy) whose response is still to go out."""
@@ -233,6 +259,12 @@ class Stage:
         """Look at a request before it is forwarded. True: the stage took it over (answered it,
         held it, queued its entry itself); later stages do not see it and it is not forwarded."""
         return False
+
+    def stream_filter(self, entry: InFlight) -> StreamFilter | None:
+        """For a large response this stage asked for: ``WHOLE`` (the default) when it must see the
+        response whole; None when it does not mind it streamed; or a filter that sees the bytes
+        as they go by."""
+        return WHOLE
 
     def on_response(self, resp: Response) -> bool:
         """Look at the response of a request this stage asked for (``Request.want_response``).

@@ -65,3 +65,73 @@ def test_a_local_answer_waits_for_the_response_being_streamed() -> None:
     assert len(frames) == 2
     assert frames[0] == big
     assert struct.unpack_from(">ih", frames[1]) == (42, 35)  # UNSUPPORTED_VERSION, after it
+
+
+def _fetch_v17_answer(correlation_id: int, endpoints: bool) -> bytes:
+    from protocol import messages
+    from protocol.frames import encode_response_header
+
+    body: dict[str, object] = {
+        "throttle_time_ms": 0,
+        "error_code": 0,
+        "session_id": 0,
+        "responses": [
+            {
+                "topic_id": bytes(range(16)),
+                "partitions": [
+                    {
+                        "partition_index": 0,
+                        "error_code": 0,
+                        "high_watermark": 10,
+                        "last_stable_offset": 10,
+                        "log_start_offset": 0,
+                        "aborted_transactions": None,
+                        "preferred_read_replica": -1,
+                        "records": bytes(range(256)) * 24,
+                    },
+                    {
+                        "partition_index": 1,
+                        "error_code": 6,  # NOT_LEADER_OR_FOLLOWER: its new leader is named below
+                        "high_watermark": -1,
+                        "last_stable_offset": -1,
+                        "log_start_offset": -1,
+                        "current_leader": {"leader_id": 2, "leader_epoch": 4},
+                        "aborted_transactions": None,
+                        "preferred_read_replica": -1,
+                        "records": None,
+                    },
+                ],
+            }
+        ],
+    }
+    if endpoints:
+        body["node_endpoints"] = [{"node_id": 2, "host": "broker-2.internal", "port": 9092, "rack": None}]
+    return bytes(encode_response_header(1, 17, correlation_id) + messages.encode_response(1, 17, body))
+
+
+def test_a_streamed_fetch_never_shows_the_client_a_broker_address() -> None:
+    """Fetch v16+ may end with new leaders' addresses (KIP-951): a streamed response goes out as
+    it arrives up to there; the addresses are withheld (same length, the client asks Metadata
+    through the proxy instead); one without them goes out byte for byte."""
+    from protocol import messages
+    from protocol.frames import response_header_size
+
+    fetch = struct.pack(">hhih", 1, 17, 51, 2) + b"fe\x00"  # Fetch v17, header v2
+    for endpoints in (False, True):
+        answer = _fetch_v17_answer(51, endpoints)
+        framed = struct.pack(">i", len(answer)) + answer
+        data = SIDECAR + _rec(0, struct.pack(">i", len(fetch)) + fetch)
+        for part in _split(framed, 1000, 3000, len(framed) - 20):
+            data += _rec(2, part)
+        fuzzer = shared_fuzzer()
+        withheld = fuzzer.servers[0].metrics.node_endpoints_withheld._value.get()
+        client = fuzzer.run(data)
+        assert client is not None
+        (got,) = _frames(client.written)
+        assert len(got) == len(answer)
+        body = messages.decode_response(1, 17, memoryview(got)[response_header_size(1, 17, got) :])
+        assert messages.response_addresses(1, 17, body) == []
+        assert b"broker-2.internal" not in got
+        assert (got == answer) == (not endpoints)
+        assert fuzzer.servers[0].metrics.node_endpoints_withheld._value.get() == withheld + endpoints
+        assert body["responses"][0]["partitions"][0]["records"] == bytes(range(256)) * 24

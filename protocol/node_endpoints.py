@@ -1,0 +1,210 @@
+"""Broker addresses at the end of Produce (v10+) and Fetch (v16+) responses (KIP-951), found
+without decoding the response.
+
+Those responses may end with ``NodeEndpoints``: the host and port of new partition leaders, a
+broker address the proxy must not let through. It is a top-level tagged field, after all the
+partitions (and their records). ``TailFinder`` walks a response's structure as its bytes go by
+(partition headers read, records skipped by their length), so the proxy knows where the
+top-level tagged fields begin without building the response, and without having all of it: it
+is fed the frame piece by piece, as a streamed response arrives, or whole. Sans-IO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+from protocol.api_keys import ApiKey
+from protocol.schema import SchemaError
+
+# What the walk asks for next: n > 0 read n bytes (sent back), n < 0 skip -n bytes, 0 the
+# top-level tagged fields begin here.
+_Walk = Generator[int, bytes | None, None]
+
+NODE_ENDPOINTS_TAG = 0
+# What a neutralised NodeEndpoints becomes: a tag no client knows for these responses (the same
+# one-byte varint), so the response keeps its length and clients skip the field.
+WITHHELD_TAG = 0x7F
+
+
+def _uvarint() -> Generator[int, bytes | None, int]:
+    value = shift = 0
+    while True:
+        got = yield 1
+        assert got is not None
+        byte = got[0]
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value
+        shift += 7
+        if shift > 28:
+            raise SchemaError("varint too long")
+
+
+def _length() -> Generator[int, bytes | None, int]:
+    """A compact length (varint n + 1, 0 for null): -1 for null."""
+    return (yield from _uvarint()) - 1
+
+
+def _skip_tags() -> _Walk:
+    count = yield from _uvarint()
+    for _ in range(count):
+        yield from _uvarint()  # tag
+        size = yield from _uvarint()
+        if size:
+            yield -size
+
+
+def _skip_compact(nullable: bool = True) -> _Walk:
+    n = yield from _length()
+    if n > 0:
+        yield -n
+    elif n < 0 and not nullable:
+        raise SchemaError("null where none is allowed")
+
+
+def _fetch(version: int) -> _Walk:
+    yield -4  # correlation id
+    yield from _skip_tags()  # response header
+    yield -10  # throttle_time_ms, error_code, session_id
+    for _ in range(max(0, (yield from _length()))):
+        if version >= 13:
+            yield -16  # topic id
+        else:
+            yield from _skip_compact(nullable=False)
+        for _ in range(max(0, (yield from _length()))):
+            yield -30  # index, error_code, high_watermark, last_stable_offset, log_start_offset
+            for _ in range(max(0, (yield from _length()))):  # aborted transactions (nullable)
+                yield -16
+                yield from _skip_tags()
+            yield -4  # preferred_read_replica
+            yield from _skip_compact()  # records
+            yield from _skip_tags()
+        yield from _skip_tags()
+    yield 0
+
+
+def _produce(version: int) -> _Walk:
+    yield -4  # correlation id
+    yield from _skip_tags()  # response header
+    for _ in range(max(0, (yield from _length()))):
+        if version >= 13:
+            yield -16  # topic id
+        else:
+            yield from _skip_compact(nullable=False)
+        for _ in range(max(0, (yield from _length()))):
+            yield -30  # index, error_code, base_offset, log_append_time_ms, log_start_offset
+            for _ in range(max(0, (yield from _length()))):  # record errors
+                yield -4
+                yield from _skip_compact()
+                yield from _skip_tags()
+            yield from _skip_compact()  # error_message
+            yield from _skip_tags()
+        yield from _skip_tags()
+    yield -4  # throttle_time_ms
+    yield 0
+
+
+FROM_VERSION = {ApiKey.PRODUCE: 10, ApiKey.FETCH: 16}
+
+
+class TailFinder:
+    """Where the top-level tagged fields of one Produce or Fetch response begin, found as its
+    frame's bytes are fed in order (from the correlation id on)."""
+
+    __slots__ = ("_gathered", "_need", "_walk", "consumed", "tail_at")
+
+    def __init__(self, api_key: int, version: int) -> None:
+        self._walk = _fetch(version) if api_key == ApiKey.FETCH else _produce(version)
+        self._need = next(self._walk)
+        self._gathered = bytearray()  # bytes of a read not complete yet
+        self.consumed = 0  # bytes of the frame walked so far
+        self.tail_at: int | None = None  # the frame offset of the top-level tagged fields
+
+    def feed(self, data: bytes | bytearray | memoryview) -> int:
+        """Walk the frame's next bytes; how many of them come before the tagged fields (all of
+        them until those are found). SchemaError for a response that is not what it claims."""
+        if self.tail_at is not None:
+            return 0
+        pos, size = 0, len(data)
+        need, walk = self._need, self._walk
+        try:
+            while need and pos < size:
+                if need < 0:
+                    take = min(-need, size - pos)
+                    pos += take
+                    need += take
+                    if not need:
+                        need = walk.send(None)
+                    continue
+                gathered = self._gathered
+                if not gathered and size - pos >= need:
+                    piece, pos = bytes(data[pos : pos + need]), pos + need
+                else:
+                    take = min(need - len(gathered), size - pos)
+                    gathered += data[pos : pos + take]
+                    pos += take
+                    if len(gathered) < need:
+                        continue
+                    piece = bytes(gathered)
+                    gathered.clear()
+                need = walk.send(piece)
+        except StopIteration as exc:  # pragma: no cover - the walks end by yielding 0
+            raise SchemaError("response walk ended early") from exc
+        self._need = need
+        self.consumed += pos
+        if not need:
+            self.tail_at = self.consumed
+        return pos
+
+
+def tail_of(api_key: int, version: int, frame: bytes | bytearray | memoryview) -> memoryview:
+    """The top-level tagged fields of a whole Produce or Fetch response frame."""
+    finder = TailFinder(api_key, version)
+    finder.feed(frame)
+    if finder.tail_at is None:
+        raise SchemaError(f"truncated {api_key} v{version} response")
+    return memoryview(frame)[finder.tail_at :]
+
+
+def _read_uvarint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise SchemaError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 28:
+            raise SchemaError("varint too long")
+
+
+def node_endpoints_at(tail: bytes | bytearray | memoryview) -> tuple[int, int] | None:
+    """(offset of its tag, offset past its data) of NodeEndpoints in a tagged-field section."""
+    count, pos = _read_uvarint(tail, 0)
+    for _ in range(count):
+        start = pos
+        tag, pos = _read_uvarint(tail, pos)
+        size, pos = _read_uvarint(tail, pos)
+        if pos + size > len(tail):
+            raise SchemaError("truncated tagged field")
+        if tag == NODE_ENDPOINTS_TAG:
+            return start, pos + size
+        pos += size
+    return None
+
+
+def withhold_node_endpoints(tail: bytearray | memoryview) -> bool:
+    """Turn NodeEndpoints into a field clients skip, in place (same length; its bytes zeroed so
+    no address is left in it); False when there is none."""
+    found = node_endpoints_at(tail)
+    if found is None:
+        return False
+    start, end = found
+    tail[start] = WITHHELD_TAG
+    _tag, pos = _read_uvarint(tail, start)
+    _size, pos = _read_uvarint(tail, pos)
+    tail[pos:end] = bytes(end - pos)
+    return True
