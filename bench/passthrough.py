@@ -102,11 +102,11 @@ SATURATING_RECORDS = 400_000
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process so far (Linux /proc)."""
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(utime, stime) of a process so far, in seconds (Linux /proc)."""
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
 
 
 def cpu_per_gb(
@@ -114,10 +114,12 @@ def cpu_per_gb(
 ) -> tuple[dict[str, float], float]:
     """Run ``work`` (``records`` 1 KiB records through the proxy); its result and the proxy's CPU
     seconds per GB of record values (0 when ``pid`` is None: the run was direct)."""
-    before = cpu_seconds(pid) if pid is not None else 0.0
+    before = cpu_times(pid) if pid is not None else (0.0, 0.0)
     result = work()
-    spent = cpu_seconds(pid) - before if pid is not None else 0.0
-    return result, spent / (records * 1024 / 1e9)
+    after = cpu_times(pid) if pid is not None else (0.0, 0.0)
+    user, system = after[0] - before[0], after[1] - before[1]
+    result["user_share"] = user / (user + system) if user + system else 0.0
+    return result, (user + system) / (records * 1024 / 1e9)
 
 
 def workloads(records: int) -> dict[str, tuple[int, Callable[[str], dict[str, float]]]]:
@@ -141,6 +143,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--records", type=int, default=2_000_000, help="records per throughput run")
     parser.add_argument("--latency-seconds", type=float, default=15, help="length of each 5,000 msg/s run")
+    parser.add_argument(
+        "--only", help="comma-separated workloads to run (a quick look; the figures need them all)"
+    )
     args = parser.parse_args()
 
     with (
@@ -157,6 +162,8 @@ def main() -> None:
         assert proxy.proc is not None
         proxy_pid = proxy.proc.pid
         plan = workloads(args.records)
+        if args.only:
+            plan = {name: plan[name] for name in args.only.split(",")}
         rates: dict[str, dict[str, list[float]]] = {w: {"direct": [], "proxy": []} for w in plan}
         cpu: dict[str, list[float]] = {w: [] for w in plan}
         lat50: dict[str, list[float]] = {"direct": [], "proxy": []}
@@ -172,7 +179,9 @@ def main() -> None:
                     rates[workload][name].append(result["rate"])
                     if pid is not None:
                         cpu[workload].append(per_gb)
-                    note = f", proxy CPU {per_gb:.2f} s/GB" if pid is not None else ""
+                    note = ""
+                    if pid is not None:
+                        note = f", proxy CPU {per_gb:.2f} s/GB ({result['user_share']:.0%} user)"
                     print(f"round {rnd} {workload} {name}: {result['rate']:.0f} rec/s{note}", flush=True)
             for name, boot in order:
                 r = latency_probe(boot, "latency", args.latency_seconds)
@@ -186,7 +195,9 @@ def main() -> None:
 
     med = statistics.median
 
-    def ratio(workload: str) -> float:
+    def ratio(workload: str) -> float | None:
+        if workload not in rates:
+            return None
         return round(med(rates[workload]["proxy"]) / med(rates[workload]["direct"]), 3)
 
     figures = {

@@ -1,7 +1,7 @@
 """Large frames forwarded as their bytes arrive, when no stage needs more of them than their
 first bytes: memory per connection stays bounded by the socket buffers, not by the frame size.
 
-A Produce request none of the connection's stages looks at is streamed upstream (its acks, in
+A Produce request whose stages read no more than its header is streamed upstream (its acks, in
 its first bytes, say whether a response comes); a response none looks at (no stage asked for it
 and no throttle is to be patched into it) is streamed to the client. Everything else is gathered
 whole, as before. While a request streams, other requests wait for it to end; while a response
@@ -13,11 +13,10 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
-from protocol import messages
 from protocol.api_keys import ApiKey
 from protocol.frames import SIZE, FrameError, FrameHead, Piece, parse_request_header
 from protocol.schema import SchemaError
-from proxy.stages import InFlight
+from proxy.stages import InFlight, Request
 from proxy.stages.base import WHOLE, StreamFilter
 
 if TYPE_CHECKING:
@@ -39,7 +38,8 @@ class FrameStreams:
         self.held = bytearray()  # its bytes the filter holds back until the end
 
     def request_head(self, head: FrameHead) -> None:
-        """A large request began: stream it if nothing needs it whole; else it is gathered."""
+        """A large request began: a Produce whose stages read no more than its header (address
+        rewriting wants its response) is streamed; anything else is gathered."""
         conn = self.conn
         upstream = conn.upstream
         if conn.holding or upstream is None:
@@ -47,18 +47,26 @@ class FrameStreams:
         try:
             header = parse_request_header(head.head)
             key, version = header.api_key, header.api_version
-            if key != ApiKey.PRODUCE or conn.stages.for_request(key, version):
+            if key != ApiKey.PRODUCE:
                 return
-            acks = messages.read_produce_acks(version, head.head[header.size :])
+            stages = conn.stages.for_request(key, version)
+            if any(stage.reads_request_body(key, version) for stage in stages):
+                return
+            req = Request(header, bytearray(head.head))
+            expects_response = req.expects_response  # acks, from the first bytes
+            for stage in stages:
+                stage.on_request(req)
         except (FrameError, SchemaError, struct.error, IndexError):
             return  # gathered whole, and refused then if it is bad
         data = conn.requests.stream()
         conn.traffic(key).request(head.size + 4)
-        if acks != 0:
-            sent_at = conn.loop.time()
-            conn.in_flight.append(
-                InFlight(key, version, header.correlation_id, sent_at, None, header.client_id or "")
-            )
+        if expects_response:
+            entry = conn.entry_for(req, counted=False)
+            if req.throttle_ms:
+                conn.hold_until_answered(entry)
+            conn.in_flight.append(entry)
+        elif req.throttle_ms:
+            conn.mute(req.throttle_ms)
         self.request_open = True
         upstream.writelines((SIZE.pack(head.size), data))
 

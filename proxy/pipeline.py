@@ -276,8 +276,8 @@ class Pipeline(ConnectionFlow):
         )
         entry.throttle_ms = req.throttle_ms
         if req.stages or req.watchers:
-            entry.stages = (*req.stages, *req.watchers)
-            entry.watchers = tuple(req.watchers)
+            entry.stages = req.stages + req.watchers
+            entry.watchers = req.watchers
         entry.charge_time = req.charge_time
         entry.fetch = req.fetch
         entry.capture = req.capture

@@ -39,6 +39,9 @@ class AddressStage(Stage):
             return WHOLE
         return NodeEndpointsFilter(self.conn, entry)
 
+    def reads_request_body(self, api_key: int, api_version: int) -> bool:
+        return False
+
     def on_request(self, req: Request) -> bool:
         key = req.header.api_key
         if key in _REWRITE_ALWAYS or req.header.api_version >= NODE_ENDPOINTS_FROM[key]:

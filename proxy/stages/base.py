@@ -103,8 +103,8 @@ class Request:
         self._body: dict[str, Any] | None = None
         self._acks: int | None = None
         self.throttle_ms = 0  # applied: a response is held until it goes out, else a mute
-        self.stages: list[Stage] = []
-        self.watchers: list[Stage] = []
+        self.stages: tuple[Stage, ...] = ()
+        self.watchers: tuple[Stage, ...] = ()
         self.charge_time = False
         self.fetch: FetchRequestInfo | None = None
         self.capture: CaptureDraft | None = None
@@ -142,11 +142,11 @@ class Request:
 
     def want_response(self, stage: Stage) -> None:
         """``stage.on_response`` runs on this request's response."""
-        self.stages.append(stage)
+        self.stages += (stage,)
 
     def watch(self, stage: Stage) -> None:
         """``stage.on_done`` runs once the exchange is over (answer sent, or none to wait for)."""
-        self.watchers.append(stage)
+        self.watchers += (stage,)
 
 
 class Response:
@@ -253,6 +253,11 @@ class Stage:
     def wants_version(self, api_key: int, api_version: int) -> bool:
         """Whether ``on_request`` sees this version of a key it asked for (resolved once per
         connection and version, like ``request_keys``)."""
+        return True
+
+    def reads_request_body(self, api_key: int, api_version: int) -> bool:
+        """False for a stage whose ``on_request`` reads only the header of these requests (and
+        never takes them over): a large one may then be streamed, the stage seeing its header."""
         return True
 
     def on_request(self, req: Request) -> bool:

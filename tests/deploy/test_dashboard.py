@@ -81,8 +81,9 @@ def expressions(board: dict[str, Any]) -> list[str]:
 def test_the_source_scan_finds_the_proxys_metrics() -> None:
     names = exported_metrics()
     # One of each kind, from the files the dashboard draws on.
-    assert names["kthrottle_requests_total"] == "Counter"  # proxy/metrics.py
-    assert names["kthrottle_upstream_latency_seconds_bucket"] == "Histogram"
+    assert names["kthrottle_rejected_frames_total"] == "Counter"  # proxy/metrics.py
+    assert names["kthrottle_requests_total"] == "CounterMetricFamily"  # traffic_metrics.py
+    assert names["kthrottle_upstream_latency_seconds_bucket"] == "HistogramMetricFamily"
     assert names["kthrottle_client_throttle_time_ms_total"] == "CounterMetricFamily"  # quota_metrics.py
     assert names["kthrottle_volume_state"] == "Gauge"  # volume_service.py
     assert names["kthrottle_exchange_connected"] == "Gauge"  # exchange.py

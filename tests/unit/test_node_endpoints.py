@@ -121,7 +121,7 @@ def test_the_tail_is_found_however_the_frame_is_split(
         i += 1
         forwarded += split.feed(memoryview(frame)[pos : pos + n])
         pos += n
-    assert split.tail_at == whole.tail_at == forwarded
+    assert split.tail_at == whole.tail_at == forwarded == len(frame) - len(tail_of(key, version, frame))
     assert (node_endpoints_at(frame[whole.tail_at :]) is not None) == endpoints
 
 
