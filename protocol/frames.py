@@ -65,9 +65,10 @@ class FrameDecoder:
 
     With ``stream_from`` set, a frame at least that large that has not fully arrived is offered
     instead: ``written`` ends with a ``FrameHead`` (its size and first ``head_bytes``), and the
-    caller may take it with ``stream()``. The rest of the frame then comes out as ``Piece``s, as
-    its bytes arrive, each a view the decoder never writes into again (safe to hand to a
-    transport that keeps it). Not taken, the frame is gathered whole as usual.
+    caller may take it with ``stream()``. The rest of the frame then comes out as ``Piece``s, one
+    per 256 KiB buffer filled (fewer, larger writes) and the last at the frame's end, each a view
+    the decoder never writes into again (safe to hand to a transport that keeps it) until the
+    caller says all were written out (``reuse_chunk``). Not taken, the frame is gathered whole.
     """
 
     __slots__ = (
@@ -75,6 +76,7 @@ class FrameDecoder:
         "_big_filled",
         "_big_size",
         "_chunk",
+        "_chunk_emitted",
         "_chunk_filled",
         "_end",
         "_offered",
@@ -106,6 +108,7 @@ class FrameDecoder:
         self._stream_left = 0  # payload bytes of the frame being streamed still to come
         self._chunk: bytearray | None = None  # where a streamed frame's bytes are read into
         self._chunk_filled = 0
+        self._chunk_emitted = 0  # the part of it already handed out as Pieces
         self.big_frame_bytes = min(big_frame_bytes, scratch_bytes // 2)
         self._scratch_bytes = scratch_bytes
         self._scratch: bytearray | None = None
@@ -121,7 +124,7 @@ class FrameDecoder:
             chunk = self._chunk
             if chunk is None or self._chunk_filled == len(chunk):
                 chunk = self._chunk = bytearray(min(self._stream_left, STREAM_CHUNK_BYTES))
-                self._chunk_filled = 0
+                self._chunk_filled = self._chunk_emitted = 0
             return memoryview(chunk)[self._chunk_filled : self._chunk_filled + self._stream_left]
         if self._offered:
             self._gather_offered()
@@ -139,11 +142,14 @@ class FrameDecoder:
         """``n`` bytes were written into the last buffer; returns the frames now complete
         (``bytearray``s), then possibly a ``FrameHead``; or, while streaming, one ``Piece``."""
         if self._stream_left:
-            assert self._chunk is not None
-            start = self._chunk_filled
+            chunk = self._chunk
+            assert chunk is not None
             self._chunk_filled += n
             self._stream_left -= n
-            piece = Piece(memoryview(self._chunk)[start : start + n], not self._stream_left)
+            if self._chunk_filled < len(chunk) and self._stream_left:
+                return []  # gathered into fewer, larger writes: out once the buffer is full
+            start, self._chunk_emitted = self._chunk_emitted, self._chunk_filled
+            piece = Piece(memoryview(chunk)[start : self._chunk_filled], not self._stream_left)
             if not self._stream_left:
                 self._chunk = None
             return [piece]
@@ -230,6 +236,13 @@ class FrameDecoder:
         self._start = self._end = 0
         self._scratch = None
         return head
+
+    def reuse_chunk(self) -> None:
+        """Every piece of the current buffer has been written out and no view of it is kept
+        anywhere: read the streamed frame's next bytes into it again, from its start (a fresh
+        buffer per 256 KiB costs an allocation and its page faults)."""
+        if self._chunk_emitted == self._chunk_filled:
+            self._chunk_filled = self._chunk_emitted = 0
 
     def _grow_big(self) -> None:
         """Eight times larger (at most the frame's size): a 1 MiB frame takes two steps, and

@@ -72,8 +72,11 @@ class FrameStreams:
 
     def request_piece(self, piece: Piece) -> None:
         conn = self.conn
-        assert conn.upstream is not None
-        conn.upstream.write(piece.data)
+        upstream = conn.upstream
+        assert upstream is not None
+        upstream.write(piece.data)
+        if not upstream.get_write_buffer_size():
+            conn.requests.reuse_chunk()  # the kernel has it all: no view of the buffer is kept
         if piece.last:
             self.request_open = False
             for frame in self.after_request:
@@ -126,6 +129,8 @@ class FrameStreams:
             return
         if data:
             conn.client.write(data)
+        if not conn.client.get_write_buffer_size():
+            conn.responses.reuse_chunk()  # the kernel has it all: no view of the buffer is kept
         if not piece.last:
             return
         entry = self.response

@@ -7,7 +7,7 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.frames import FrameDecoder, FrameHead, Piece
+from protocol.frames import STREAM_CHUNK_BYTES, FrameDecoder, FrameHead, Piece
 
 sizes = st.one_of(st.integers(0, 300), st.integers(1000, 5000))
 
@@ -122,6 +122,8 @@ def test_streamed_and_gathered_frames_come_out_whole_and_in_order(
 
 
 def test_a_streamed_frame_holds_one_chunk_not_the_whole_frame() -> None:
+    """Pieces come out one per 256 KiB buffer filled (and the last at the frame's end), and the
+    decoder never holds more than that buffer, however large the frame."""
     size = 10 * 1024 * 1024
     dec = FrameDecoder(stream_from=64 * 1024)
     first = dec.get_buffer()
@@ -130,14 +132,37 @@ def test_a_streamed_frame_holds_one_chunk_not_the_whole_frame() -> None:
     (head,) = dec.written(1004)
     assert isinstance(head, FrameHead) and head.size == size
     assert dec.stream() == b"h" * 1000
-    left = size - 1000
+    left, pieces = size - 1000, []
     while left:
         target = dec.get_buffer()
-        assert len(target) <= 256 * 1024
+        assert len(target) <= STREAM_CHUNK_BYTES
         n = min(len(target), 100_000, left)
-        (piece,) = dec.written(n)
-        assert isinstance(piece, Piece) and len(piece.data) == n
         left -= n
-        assert piece.last == (left == 0)
-        assert dec.allocated <= 256 * 1024 + 64 * 1024
+        pieces += dec.written(n)
+        assert dec.allocated <= STREAM_CHUNK_BYTES
+    assert all(isinstance(p, Piece) for p in pieces)
+    assert [len(p.data) for p in pieces[:-1]] == [STREAM_CHUNK_BYTES] * (len(pieces) - 1)
+    assert sum(len(p.data) for p in pieces) == size - 1000
+    assert [p.last for p in pieces] == [False] * (len(pieces) - 1) + [True]
     assert not dec.mid_frame
+
+
+def test_a_streamed_frame_reuses_its_buffer_once_its_pieces_are_written() -> None:
+    dec = FrameDecoder(stream_from=64 * 1024)
+    first = dec.get_buffer()
+    first[:4] = struct.pack(">i", 1024 * 1024)
+    first[4:1004] = b"h" * 1000
+    dec.written(1004)
+    dec.stream()
+    buffers = set()
+    left = 1024 * 1024 - 1000
+    while left:
+        target = dec.get_buffer()
+        buffers.add(id(target.obj))
+        n = min(len(target), 50_000, left)
+        target[:n] = b"x" * n
+        left -= n
+        for piece in dec.written(n):
+            assert bytes(piece.data) == b"x" * len(piece.data)
+            dec.reuse_chunk()  # as the pipeline does once the transport has flushed the piece
+    assert len(buffers) == 1
