@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Generator
 
 from protocol.api_keys import ApiKey
-from protocol.schema import SchemaError
+from protocol.schema import SchemaError, read_uvarint, skip_tagged_fields
 
 # What the walk asks for next: n > 0 read n bytes (sent back), n < 0 skip -n bytes, 0 the
 # top-level tagged fields begin here.
@@ -62,15 +62,19 @@ def _skip_compact(nullable: bool = True) -> _Walk:
         raise SchemaError("null where none is allowed")
 
 
+def _topic_key(version: int) -> _Walk:
+    if version >= 13:
+        yield -16  # topic id
+    else:
+        yield from _skip_compact(nullable=False)  # topic name
+
+
 def _fetch(version: int) -> _Walk:
     yield -4  # correlation id
     yield from _skip_tags()  # response header
     yield -10  # throttle_time_ms, error_code, session_id
     for _ in range(max(0, (yield from _length()))):
-        if version >= 13:
-            yield -16  # topic id
-        else:
-            yield from _skip_compact(nullable=False)
+        yield from _topic_key(version)
         for _ in range(max(0, (yield from _length()))):
             yield -30  # index, error_code, high_watermark, last_stable_offset, log_start_offset
             for _ in range(max(0, (yield from _length()))):  # aborted transactions (nullable)
@@ -87,10 +91,7 @@ def _produce(version: int) -> _Walk:
     yield -4  # correlation id
     yield from _skip_tags()  # response header
     for _ in range(max(0, (yield from _length()))):
-        if version >= 13:
-            yield -16  # topic id
-        else:
-            yield from _skip_compact(nullable=False)
+        yield from _topic_key(version)
         for _ in range(max(0, (yield from _length()))):
             yield -30  # index, error_code, base_offset, log_append_time_ms, log_start_offset
             for _ in range(max(0, (yield from _length()))):  # record errors
@@ -161,86 +162,53 @@ def tail_of(api_key: int, version: int, frame: bytes | bytearray | memoryview) -
     """The top-level tagged fields of a whole Produce or Fetch response frame (the same walk as
     ``TailFinder``, straight over the bytes: a small response costs a few microseconds)."""
     buf = memoryview(frame)
-    try:
-        pos = _skip_tags_at(buf, 4)  # correlation id, response header
-        if api_key == ApiKey.FETCH:
-            pos += 10  # throttle_time_ms, error_code, session_id
-        topics, pos = _read_uvarint(buf, pos)
-        for _ in range(topics - 1):
-            if version >= 13:
-                pos += 16
-            else:
-                n, pos = _read_uvarint(buf, pos)
-                pos += n - 1
-            partitions, pos = _read_uvarint(buf, pos)
-            for _ in range(partitions - 1):
-                pos += 30
-                items, pos = _read_uvarint(buf, pos)  # aborted transactions, or record errors
-                for _ in range(items - 1):
-                    if api_key == ApiKey.FETCH:
-                        pos += 16
-                    else:
-                        pos += 4
-                        n, pos = _read_uvarint(buf, pos)
-                        pos += max(0, n - 1)
-                    pos = _skip_tags_at(buf, pos)
+    pos = skip_tagged_fields(buf, 4)  # correlation id, response header
+    if api_key == ApiKey.FETCH:
+        pos += 10  # throttle_time_ms, error_code, session_id
+    topics, pos = read_uvarint(buf, pos)
+    for _ in range(topics - 1):
+        if version >= 13:
+            pos += 16
+        else:
+            n, pos = read_uvarint(buf, pos)
+            pos += n - 1
+        partitions, pos = read_uvarint(buf, pos)
+        for _ in range(partitions - 1):
+            pos += 30
+            items, pos = read_uvarint(buf, pos)  # aborted transactions, or record errors
+            for _ in range(items - 1):
                 if api_key == ApiKey.FETCH:
-                    pos += 4  # preferred_read_replica
-                n, pos = _read_uvarint(buf, pos)  # records, or error_message
-                pos += max(0, n - 1)
-                pos = _skip_tags_at(buf, pos)
-            pos = _skip_tags_at(buf, pos)
-        if api_key == ApiKey.PRODUCE:
-            pos += 4  # throttle_time_ms
-    except IndexError as exc:
-        raise SchemaError(f"truncated {api_key} v{version} response") from exc
+                    pos += 16
+                else:
+                    pos += 4
+                    n, pos = read_uvarint(buf, pos)
+                    pos += max(0, n - 1)
+                pos = skip_tagged_fields(buf, pos)
+            if api_key == ApiKey.FETCH:
+                pos += 4  # preferred_read_replica
+            n, pos = read_uvarint(buf, pos)  # records, or error_message
+            pos += max(0, n - 1)
+            pos = skip_tagged_fields(buf, pos)
+        pos = skip_tagged_fields(buf, pos)
+    if api_key == ApiKey.PRODUCE:
+        pos += 4  # throttle_time_ms
     if pos >= len(buf):
         raise SchemaError(f"truncated {api_key} v{version} response")
     return buf[pos:]
 
 
-def _skip_tags_at(buf: memoryview, pos: int) -> int:
-    count, pos = _read_uvarint(buf, pos)
-    for _ in range(count):
-        _tag, pos = _read_uvarint(buf, pos)
-        size, pos = _read_uvarint(buf, pos)
-        pos += size
-    return pos
-
-
-def _read_uvarint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
-    byte = buf[pos]  # IndexError past the end (the callers say truncated)
-    if byte < 0x80:
-        return byte, pos + 1
-    value = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise SchemaError("truncated varint")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 28:
-            raise SchemaError("varint too long")
-
-
 def node_endpoints_at(tail: bytes | bytearray | memoryview) -> tuple[int, int] | None:
     """(offset of its tag, offset past its data) of NodeEndpoints in a tagged-field section."""
-    try:
-        count, pos = _read_uvarint(tail, 0)
-        for _ in range(count):
-            start = pos
-            tag, pos = _read_uvarint(tail, pos)
-            size, pos = _read_uvarint(tail, pos)
-            if pos + size > len(tail):
-                raise SchemaError("truncated tagged field")
-            if tag == NODE_ENDPOINTS_TAG:
-                return start, pos + size
-            pos += size
-    except IndexError as exc:
-        raise SchemaError("truncated tagged fields") from exc
+    count, pos = read_uvarint(tail, 0)
+    for _ in range(count):
+        start = pos
+        tag, pos = read_uvarint(tail, pos)
+        size, pos = read_uvarint(tail, pos)
+        if pos + size > len(tail):
+            raise SchemaError("truncated tagged field")
+        if tag == NODE_ENDPOINTS_TAG:
+            return start, pos + size
+        pos += size
     return None
 
 
@@ -252,7 +220,7 @@ def withhold_node_endpoints(tail: bytearray | memoryview) -> bool:
         return False
     start, end = found
     tail[start] = WITHHELD_TAG
-    _tag, pos = _read_uvarint(tail, start)
-    _size, pos = _read_uvarint(tail, pos)
+    _tag, pos = read_uvarint(tail, start)
+    _size, pos = read_uvarint(tail, pos)
     tail[pos:end] = bytes(end - pos)
     return True
