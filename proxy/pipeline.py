@@ -183,7 +183,7 @@ class Pipeline(ConnectionFlow):
         if self.closed:
             return
         where = self.upstream_addr
-        if self.in_flight:
+        if not self.idle:
             self.metrics.upstream_errors.labels("disconnect").inc()
             n = len(self.in_flight)
             self.close(f"upstream {where} closed the connection with {n} requests in flight ({exc!r})")
@@ -193,7 +193,8 @@ class Pipeline(ConnectionFlow):
 
     @property
     def idle(self) -> bool:
-        return not self.in_flight
+        """Nothing in flight, and no frame half through either way."""
+        return not self.in_flight and self.streams.response is None and not self.streams.request_open
 
     # --- requests ------------------------------------------------------------------------------
 
@@ -351,7 +352,7 @@ class Pipeline(ConnectionFlow):
             self.mute(entry.throttle_ms)
         self._answered(entry)
         self.flush_local()
-        if self.server.draining and not self.in_flight:
+        if self.server.draining and self.idle:
             self.close("drained for shutdown", level=logging.INFO)
 
     def _response(self, frame: bytearray) -> None:
