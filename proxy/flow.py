@@ -16,6 +16,8 @@ from proxy import transports
 from proxy.stages import InFlight
 from proxy.transports import peer_has_closed
 
+log = logging.getLogger("proxy.pipeline")  # a held task's failure is the connection's
+
 # Reasons a connection reads nothing new until they pass (other pauses only stop the socket).
 _THROTTLE = "throttle"  # muted for a throttle time
 _THROTTLE_PENDING = "throttle-pending"  # a throttled request's response has not gone out yet
@@ -25,6 +27,7 @@ _HOLD_REASONS = frozenset({_THROTTLE, _THROTTLE_PENDING, "admission", "volume-pa
 class ConnectionFlow:
     """Pauses, mutes and holds of one connection (the socket work is the pipeline's)."""
 
+    id: int
     client: asyncio.Transport
     upstream: asyncio.Transport | None
     loop: asyncio.AbstractEventLoop
@@ -153,3 +156,22 @@ class ConnectionFlow:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    def spawn_held(
+        self, reason: str, work: Coroutine[Any, Any, bool | None], what: str
+    ) -> asyncio.Task[None]:
+        """Run ``work`` with the connection held for ``reason`` (nothing new is read meanwhile);
+        the hold ends when it does, unless it returns True (then its hold ends elsewhere). An
+        exception closes the connection: a bug must not leave it held for good."""
+        self.pause_client(reason)
+        return self.spawn(self._held(reason, work, what))
+
+    async def _held(self, reason: str, work: Coroutine[Any, Any, bool | None], what: str) -> None:
+        try:
+            keep = await work
+        except Exception:
+            log.exception("conn %d: %s failed", self.id, what)
+            self.close(f"{what} failed")
+            return
+        if not keep:
+            self.release(reason)

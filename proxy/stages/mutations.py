@@ -5,7 +5,6 @@ refuses for its own reasons are refunded when its answer comes (see ``proxy.admi
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Collection
 from typing import Any
 
@@ -15,8 +14,6 @@ from proxy import admission
 from proxy.admission import MutationState
 from proxy.stages.base import Connection, InFlight, Request, Response, Stage
 from proxy.throttling import QuotaEnforcer
-
-log = logging.getLogger(__name__)
 
 HOLD = "admission"  # a mutation request is being priced: later requests wait behind it
 
@@ -44,8 +41,7 @@ class MutationStage(Stage):
         entry.mutation = state
         entry.charge_time = self.enforcer.request_time_charged(header.api_key)
         conn.in_flight.append(entry)
-        conn.hold(HOLD)
-        conn.spawn(self._admit(entry, req.frame, header, body, state))
+        conn.spawn_held(HOLD, self._admit(entry, req.frame, header, body, state), "mutation admission")
         return True
 
     async def _admit(
@@ -57,30 +53,24 @@ class MutationStage(Stage):
         state: MutationState,
     ) -> None:
         conn = self.conn
-        try:
-            state.costs = await admission.resolve_costs(state, conn.server.catalog)
-            if conn.closed:
-                return
-            decided = self.enforcer.on_mutation(conn.user, entry.client_id, state, conn.peer)
-            entry.throttle_ms = state.throttle_ms
-            if entry.throttle_ms:
-                # As the broker: nothing more is read on this connection until the throttled
-                # answer has gone out and its mute has passed.
-                conn.hold_until_answered(entry)
-            if entry.capture is not None:
-                entry.capture.on_mutation(state.costs, state.accepted, decided)
-            if not any(state.accepted):
-                conn.answer(entry, conn.encoded_answer(header, admission.local_response(state)))
-            else:
-                rewritten = admission.upstream_request(state, body)
-                if rewritten is not None:
-                    frame = bytearray(frame[: header.size]) + admission.encode_request(state, rewritten)
-                conn.send(frame)
-        except Exception:  # a bug here must not leave the connection held forever
-            log.exception("conn %d: mutation admission failed", conn.id)
-            conn.close("mutation admission failed")
+        state.costs = await admission.resolve_costs(state, conn.server.catalog)
+        if conn.closed:
             return
-        conn.release(HOLD)
+        decided = self.enforcer.on_mutation(conn.user, entry.client_id, state, conn.peer)
+        entry.throttle_ms = state.throttle_ms
+        if entry.throttle_ms:
+            # As the broker: nothing more is read on this connection until the throttled
+            # answer has gone out and its mute has passed.
+            conn.hold_until_answered(entry)
+        if entry.capture is not None:
+            entry.capture.on_mutation(state.costs, state.accepted, decided)
+        if not any(state.accepted):
+            conn.answer(entry, conn.encoded_answer(header, admission.local_response(state)))
+        else:
+            rewritten = admission.upstream_request(state, body)
+            if rewritten is not None:
+                frame = bytearray(frame[: header.size]) + admission.encode_request(state, rewritten)
+            conn.send(frame)
 
     def on_response(self, resp: Response) -> bool:
         state = resp.entry.mutation

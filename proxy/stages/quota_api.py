@@ -58,67 +58,55 @@ class QuotaApiStage(Stage):
         conn = self.conn
         entry = conn.entry_for(req)
         conn.in_flight.append(entry)
-        conn.hold(HOLD)
-        conn.spawn(self._answer(entry, req.frame, req.header, body))
+        conn.spawn_held(HOLD, self._answer(entry, req.frame, req.header, body), "client-quota request")
         return True
 
     async def _answer(
         self, entry: InFlight, frame: bytearray, header: RequestHeader, body: dict[str, Any]
-    ) -> None:
+    ) -> bool:
+        """Answer it, or (mode both) forward it: True, its hold ends once the answer is stored."""
         conn, service = self.conn, self.service
         principal = principal_of(conn.user)
-        try:
-            if header.api_key == ApiKey.DESCRIBE_CLIENT_QUOTAS:
-                if not service.may_describe(principal):
-                    answer = describe_response(AUTHORIZATION_FAILED)
-                else:
-                    found = service.describe(components_of(body), bool(body.get("strict")))
-                    answer = describe_response(found)
-            elif not service.may_alter(principal):
-                log.info("conn %d: %s may not alter client quotas (quota_api.admins)", conn.id, principal)
-                service.metrics.alterations.labels("kafka", AUTHORIZATION_FAILED.name).inc()
-                answer = refused_alter_response(body, AUTHORIZATION_FAILED)
-            elif service.mode == "both":
-                # Validated here, forwarded as sent; stored once the broker's answer is in.
-                entry.quota_alter = QuotaAlterBoth(await service.validate(alterations_of(body)), body)
-                entry.stages = (self, *entry.stages)
-                conn.send(frame)
-                return  # the hold ends in _stored
+        if header.api_key == ApiKey.DESCRIBE_CLIENT_QUOTAS:
+            if not service.may_describe(principal):
+                answer = describe_response(AUTHORIZATION_FAILED)
             else:
-                result = await service.alter(
-                    alterations_of(body), bool(body.get("validate_only")), who=f"{principal} ({conn.peer})"
-                )
-                answer = alter_response(result.results)
-            if conn.closed:
-                return
+                found = service.describe(components_of(body), bool(body.get("strict")))
+                answer = describe_response(found)
+        elif not service.may_alter(principal):
+            log.info("conn %d: %s may not alter client quotas (quota_api.admins)", conn.id, principal)
+            service.metrics.alterations.labels("kafka", AUTHORIZATION_FAILED.name).inc()
+            answer = refused_alter_response(body, AUTHORIZATION_FAILED)
+        elif service.mode == "both":
+            # Validated here, forwarded as sent; stored once the broker's answer is in.
+            entry.quota_alter = QuotaAlterBoth(await service.validate(alterations_of(body)), body)
+            entry.stages = (self, *entry.stages)
+            conn.send(frame)
+            return True  # the hold ends in _stored
+        else:
+            result = await service.alter(
+                alterations_of(body), bool(body.get("validate_only")), who=f"{principal} ({conn.peer})"
+            )
+            answer = alter_response(result.results)
+        if not conn.closed:
             conn.answer(entry, conn.encoded_answer(header, answer))
-        except Exception:  # a bug here must not leave the connection held forever
-            log.exception("conn %d: client-quota request failed", conn.id)
-            conn.close("client-quota request failed")
-            return
-        conn.release(HOLD)
+        return False
 
     def on_response(self, resp: Response) -> bool:
         """Mode both: the broker answered an alteration; the entry goes back to the head of the
         FIFO (nothing was forwarded after it) until the proxy has stored its part."""
         self.conn.in_flight.appendleft(resp.entry)
-        self.conn.spawn(self._stored(resp))
+        self.conn.spawn_held(HOLD, self._stored(resp), "client-quota alteration")
         return True
 
     async def _stored(self, resp: Response) -> None:
         conn, entry = self.conn, resp.entry
         state = entry.quota_alter
         assert state is not None
-        try:
-            answer = await state.complete(self.service, resp.body)
-            if conn.closed:
-                return
-            resp.replace_body(answer)
-            assert resp.replacement is not None
-            entry.local_response = bytes(resp.replacement)
-            conn.flush_local()
-        except Exception:
-            log.exception("conn %d: client-quota alteration (mode both) failed", conn.id)
-            conn.close("client-quota alteration failed")
+        answer = await state.complete(self.service, resp.body)
+        if conn.closed:
             return
-        conn.release(HOLD)
+        resp.replace_body(answer)
+        assert resp.replacement is not None
+        entry.local_response = bytes(resp.replacement)
+        conn.flush_local()

@@ -60,40 +60,33 @@ class VolumeParking:
             volume.metrics.parked.labels("retriable" if entry else "dropped").inc()
             self._answer(entry, req, "the proxy's memory for parked requests is full")
             return
-        conn.hold(HOLD)
         outcome = ["closed"]  # set by _parked; the bytes are released however the task ends
-        task = conn.spawn(self._parked(entry, req, charge.throttle_ms, outcome))
+        task = conn.spawn_held(HOLD, self._parked(entry, req, charge.throttle_ms, outcome), "parked produce")
         task.add_done_callback(lambda _t: volume.unpark(size, outcome[0]))
 
     async def _parked(
         self, entry: InFlight | None, req: Request, quota_throttle_ms: int, outcome: list[str]
     ) -> None:
         conn, volume = self.conn, self.volume
-        try:
-            resumed = await volume.wait_unpaused(volume.vcfg.max_park_ms / 1000.0)
-            if conn.closed:
-                return  # never forwarded: the client retries it on a new connection
-            if resumed:
-                outcome[0] = "forwarded"
-                # Throttled as any produce now: its byte-rate charge, and the volumes' delay.
-                throttle_ms = max(quota_throttle_ms, volume.verdict().delay_ms)
-                if entry is not None:
-                    entry.sent_at = conn.loop.time()
-                    if throttle_ms:
-                        entry.throttle_ms = throttle_ms
-                        conn.hold_until_answered(entry)
-                elif throttle_ms:
-                    conn.mute(throttle_ms)
-                conn.send(req.frame)
-            else:
-                outcome[0] = "retriable" if entry is not None else "dropped"
-                self._timed_out = True
-                self._answer(entry, req, f"parked {volume.vcfg.max_park_ms} ms")
-        except Exception:  # a bug here must not leave the connection held forever
-            log.exception("conn %d: parked produce failed", conn.id)
-            conn.close("parked produce failed")
-            return
-        conn.release(HOLD)
+        resumed = await volume.wait_unpaused(volume.vcfg.max_park_ms / 1000.0)
+        if conn.closed:
+            return  # never forwarded: the client retries it on a new connection
+        if resumed:
+            outcome[0] = "forwarded"
+            # Throttled as any produce now: its byte-rate charge, and the volumes' delay.
+            throttle_ms = max(quota_throttle_ms, volume.verdict().delay_ms)
+            if entry is not None:
+                entry.sent_at = conn.loop.time()
+                if throttle_ms:
+                    entry.throttle_ms = throttle_ms
+                    conn.hold_until_answered(entry)
+            elif throttle_ms:
+                conn.mute(throttle_ms)
+            conn.send(req.frame)
+        else:
+            outcome[0] = "retriable" if entry is not None else "dropped"
+            self._timed_out = True
+            self._answer(entry, req, f"parked {volume.vcfg.max_park_ms} ms")
 
     def _answer(self, entry: InFlight | None, req: Request, why: str, mute: bool = True) -> None:
         """Answer a produce the proxy did not forward: retriable NOT_ENOUGH_REPLICAS for every
