@@ -59,14 +59,7 @@ class FrameStreams:
         except (FrameError, SchemaError, struct.error, IndexError):
             return  # gathered whole, and refused then if it is bad
         data = conn.requests.stream()
-        conn.traffic(key).request(head.size + 4)
-        if expects_response:
-            entry = conn.entry_for(req, counted=False)
-            if req.throttle_ms:
-                conn.hold_until_answered(entry)
-            conn.in_flight.append(entry)
-        elif req.throttle_ms:
-            conn.mute(req.throttle_ms)
+        conn.forwarding(req, expects_response, head.size + 4)
         self.request_open = True
         upstream.writelines((SIZE.pack(head.size), data))
 

@@ -240,21 +240,28 @@ class Pipeline(ConnectionFlow):
             name = api_name(header.api_key)
             self.reject(f"malformed {name} v{header.api_version} request: {exc}", "malformed")
             return
+        self.forwarding(req, expects_response, len(frame) + 4)
+        self.send(frame)
+
+    def forwarding(self, req: Request, expects_response: bool, nbytes: int) -> None:
+        """``req`` (``nbytes`` on the wire) goes upstream now: count it, queue its entry if a
+        response comes, and apply the throttle its stages decided."""
+        self.traffic(req.header.api_key).request(nbytes)
         if expects_response:
-            entry = self.entry_for(req)
+            entry = self.entry_for(req, counted=False)
             if req.throttle_ms:
                 # Read nothing more until the response goes out and its mute ends, as the broker
                 # (which reads one request at a time per connection) would.
                 self.hold_until_answered(entry)
             self.in_flight.append(entry)
-        else:  # acks=0: no response to wait for
-            if req.throttle_ms:
-                self.mute(req.throttle_ms)
-            if req.watchers:
-                entry = self.entry_for(req, counted=False)
-                for watcher in entry.watchers:
-                    watcher.on_done(entry, -1.0)
-        self.send(frame)
+            return
+        # acks=0: no response to wait for
+        if req.throttle_ms:
+            self.mute(req.throttle_ms)
+        if req.watchers:
+            entry = self.entry_for(req, counted=False)
+            for watcher in entry.watchers:
+                watcher.on_done(entry, -1.0)
 
     def traffic(self, api_key: int) -> ApiTraffic:
         found = self._api_traffic.get(api_key)
