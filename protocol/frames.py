@@ -266,11 +266,6 @@ class FrameDecoder:
         return self._big_filled if self._big is not None else self._end - self._start
 
     @property
-    def streaming(self) -> bool:
-        """True while the rest of a streamed frame is still to come."""
-        return bool(self._stream_left)
-
-    @property
     def allocated(self) -> int:
         """Bytes of buffer memory held now (scratch and large-frame buffers)."""
         big = len(self._big) if self._big is not None else 0

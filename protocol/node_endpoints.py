@@ -105,9 +105,6 @@ def _produce(version: int) -> _Walk:
     yield 0
 
 
-FROM_VERSION = {ApiKey.PRODUCE: 10, ApiKey.FETCH: 16}
-
-
 class TailFinder:
     """Where the top-level tagged fields of one Produce or Fetch response begin, found as its
     frame's bytes are fed in order (from the correlation id on)."""

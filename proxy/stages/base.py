@@ -120,10 +120,6 @@ class Request:
         return self._body
 
     @property
-    def decoded(self) -> bool:
-        return self._body is not None
-
-    @property
     def acks(self) -> int | None:
         """A Produce request's acks (read from the bytes unless the body is decoded); None otherwise."""
         if self._acks is None and self.header.api_key == ApiKey.PRODUCE:
