@@ -1,0 +1,198 @@
+"""The CPU floor of any proxy on this machine: a minimal TCP relay, no Kafka, no kthrottle.
+
+`bench/passthrough.py` gives kthrottle's CPU seconds per GB. This says how much of that any
+relay on loopback pays, so the two can be read together. The relay is a child process whose
+CPU (utime + stime) is read with getrusage; the sender and receiver are threads of the parent.
+Prints per-round figures, then one JSON line of medians over the rounds:
+
+  bulk_copy_cpu_s_per_gb      2 GiB one way, recv_into/sendall of 256 KiB: every byte is
+                              copied into and out of user space, as kthrottle's streamed frames are
+  bulk_splice_cpu_s_per_gb    the same bytes moved with splice(2) through a pipe: no user-space
+                              copy, the zero-copy lever an in-path proxy has left
+  small_request_cpu_s_per_gb  request/response pairs through a selector loop, 9 KiB requests and
+                              80-byte responses at 590/s: the shape of kthrottle's small_5k
+                              workload (5,000 msg/s of 1 KiB, about 8.5 records per request)
+  small_request_cpu_us        the same, CPU microseconds per request: six syscalls (two epoll
+                              waits, two reads, two writes) and nothing else
+
+Usage: python bench/relay_floor.py [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import resource
+import selectors
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Callable
+
+BULK_BYTES = 2 << 30
+BULK_CHUNK = 256 << 10
+SMALL_REQUEST = 8 * 1024 + 700
+SMALL_RESPONSE = 80
+SMALL_RATE = 590
+SMALL_SECONDS = 10
+PIPE_SIZE = 1 << 20
+F_SETPIPE_SZ = 1031
+
+
+def listener() -> socket.socket:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    return server
+
+
+def nodelay(sock: socket.socket) -> socket.socket:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def relay_cpu(
+    relay: Callable[[socket.socket, socket.socket], None],
+    drive: Callable[[tuple[str, int]], None],
+    target: socket.socket,
+) -> float:
+    """Fork a relay from a fresh listener to ``target``; run ``drive`` against it; the relay's CPU seconds."""
+    front = listener()
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the relay
+        os.close(reader)
+        upstream, _ = front.accept()
+        downstream = socket.create_connection(target.getsockname())
+        relay(nodelay(upstream), nodelay(downstream))
+        downstream.close()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        os.write(writer, f"{usage.ru_utime + usage.ru_stime}".encode())
+        os._exit(0)
+    os.close(writer)
+    drive(front.getsockname())
+    os.waitpid(pid, 0)
+    with os.fdopen(reader) as result:
+        return float(result.read())
+
+
+def copy_relay(upstream: socket.socket, downstream: socket.socket) -> None:
+    buffer = bytearray(BULK_CHUNK)
+    view = memoryview(buffer)
+    while received := upstream.recv_into(buffer):
+        downstream.sendall(view[:received])
+
+
+def splice_relay(upstream: socket.socket, downstream: socket.socket) -> None:
+    reader, writer = os.pipe()
+    fcntl.fcntl(writer, F_SETPIPE_SZ, PIPE_SIZE)
+    while moved := os.splice(upstream.fileno(), writer, PIPE_SIZE, flags=os.SPLICE_F_MOVE):
+        while moved:
+            moved -= os.splice(reader, downstream.fileno(), moved, flags=os.SPLICE_F_MOVE)
+
+
+def selector_relay(upstream: socket.socket, downstream: socket.socket) -> None:
+    selector = selectors.DefaultSelector()
+    selector.register(upstream, selectors.EVENT_READ, downstream)
+    selector.register(downstream, selectors.EVENT_READ, upstream)
+    while True:
+        for key, _ in selector.select():
+            data = key.fileobj.recv(1 << 18)  # type: ignore[union-attr]
+            if not data:
+                return
+            key.data.sendall(data)
+
+
+def bulk(relay: Callable[[socket.socket, socket.socket], None]) -> float:
+    """CPU seconds per GB of the relay moving BULK_BYTES one way."""
+    sink = listener()
+
+    def receive() -> None:
+        conn, _ = sink.accept()
+        buffer = bytearray(1 << 20)
+        while conn.recv_into(buffer):
+            pass
+
+    def send(address: tuple[str, int]) -> None:
+        sock = socket.create_connection(address)
+        chunk = b"x" * (1 << 20)
+        for _ in range(BULK_BYTES // len(chunk)):
+            sock.sendall(chunk)
+        sock.close()
+
+    receiver = threading.Thread(target=receive)
+    receiver.start()
+    cpu = relay_cpu(relay, send, sink)
+    receiver.join()
+    return cpu / (BULK_BYTES / 1e9)
+
+
+def small() -> float:
+    """CPU seconds of the relay for SMALL_RATE * SMALL_SECONDS request/response pairs."""
+    server_socket = listener()
+
+    def serve() -> None:
+        conn, _ = server_socket.accept()
+        nodelay(conn)
+        pending = 0
+        while data := conn.recv(1 << 16):
+            pending += len(data)
+            while pending >= SMALL_REQUEST:
+                pending -= SMALL_REQUEST
+                conn.sendall(b"r" * SMALL_RESPONSE)
+
+    def client(address: tuple[str, int]) -> None:
+        sock = nodelay(socket.create_connection(address))
+        request = b"q" * SMALL_REQUEST
+        start = time.perf_counter()
+        for n in range(SMALL_RATE * SMALL_SECONDS):
+            sock.sendall(request)
+            got = 0
+            while got < SMALL_RESPONSE:
+                got += len(sock.recv(SMALL_RESPONSE - got))
+            pause = start + (n + 1) / SMALL_RATE - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+        sock.close()
+
+    server = threading.Thread(target=serve)
+    server.start()
+    cpu = relay_cpu(selector_relay, client, server_socket)
+    server.join()
+    return cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    copies, splices, smalls = [], [], []
+    requests = SMALL_RATE * SMALL_SECONDS
+    for rnd in range(args.rounds):
+        copies.append(bulk(copy_relay))
+        splices.append(bulk(splice_relay))
+        smalls.append(small())
+        print(
+            f"round {rnd}: copy {copies[-1]:.3f} s/GB, splice {splices[-1]:.3f} s/GB, "
+            f"small requests {smalls[-1] / (requests * SMALL_REQUEST / 1e9):.2f} s/GB",
+            flush=True,
+        )
+    small_cpu = statistics.median(smalls)
+    figures = {
+        "bulk_copy_cpu_s_per_gb": round(statistics.median(copies), 3),
+        "bulk_splice_cpu_s_per_gb": round(statistics.median(splices), 3),
+        "small_request_cpu_s_per_gb": round(small_cpu / (requests * SMALL_REQUEST / 1e9), 2),
+        "small_request_cpu_us": round(small_cpu / requests * 1e6, 1),
+        "rounds": args.rounds,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
