@@ -84,7 +84,6 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from protocol.api_keys import ApiKey
-from quota.config import QuotaConfig
 from quota.keys import (
     CONSUMER_BYTE_RATE,
     CONTROLLER_MUTATION_RATE,
@@ -96,6 +95,7 @@ from quota.keys import (
 )
 from quota.manager import ByteRateQuotas, PartitionUsage
 from quota.mutations import MutationQuotas
+from quota.plain_config import plain
 from quota.producer_ids import NO_PRODUCER_ID, ProducerIdQuotas
 from quota.rate import QuotaWindow
 
@@ -104,6 +104,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
     from analytics.stats import Seconds
+    from quota.config import QuotaConfig
 
 TOPIC_PRODUCER = "topic_producer"
 TOPIC_CONSUMER = "topic_consumer"
@@ -1163,7 +1164,11 @@ def replay(
         wanted = {_UNIT_PRODUCE_CLIENT: bool(pu), _UNIT_PIDS: bool(uu), _UNIT_FETCH: bool(fu)}
         rows = _unit_rows(base, em, pp, fp, mu, valid_ids, wanted)
         fn = _replay_unit(
-            cfg, units, {b: r for (d, b), r in buckets.reps.items() if d == FETCH}, enforce, strict
+            plain(cfg),  # executors have no pydantic: the engines get the config as plain attributes
+            units,
+            {b: r for (d, b), r in buckets.reps.items() if d == FETCH},
+            enforce,
+            strict,
         )
         tasks_of = min(nparts, len(units))
         task = _task_keys(spark, tasks_of)

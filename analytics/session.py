@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from analytics.shipping import ship
 from quota.capture_schema import (
     CAPTURE_FILE_SUFFIX,
     CAPTURE_SCHEMA_VERSION,
@@ -72,12 +73,14 @@ def _local_cores(master: str) -> int | None:
 def build_session(master: str | None = None, app_name: str = APP_NAME) -> SparkSession:
     """A SparkSession for the job, or the active one (tests, bench and spark-submit bring their own).
 
-    ``master`` None means: spark-submit's master when run under it, else ``local[*]``.
+    ``master`` None means: spark-submit's master when run under it, else ``local[*]``. Either way
+    the job's packages are shipped to the Python workers (analytics.shipping).
     """
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
+        ship(active.sparkContext)
         return active
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit (or pyspark) started the JVM
     if master is None and not under_submit:
@@ -105,7 +108,12 @@ def build_session(master: str | None = None, app_name: str = APP_NAME) -> SparkS
         spark.conf.set("spark.sql.files.minPartitionNum", str(max(4, 3 * cores)))
         # AQE would merge those small shuffles into one partition: one busy core for all that follows.
         spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
+    elif not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
+        # A cluster: Spark's 200 shuffle partitions cost a task each per stage, for aggregates of a
+        # few MB; a few per core the cluster has (at least 2 until executors register) do better.
+        spark.conf.set("spark.sql.shuffle.partitions", str(max(8, 3 * spark.sparkContext.defaultParallelism)))
     spark.sparkContext.setLogLevel("ERROR")
+    ship(spark.sparkContext)  # the Python workers import the job's packages from this zip
     return spark
 
 

@@ -163,9 +163,22 @@ def _replace(tmp: Path, output: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _one_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
-    return (lines[0] if lines else type(exc).__name__)[:400]
+def failure_line(exc: BaseException) -> str:
+    """What went wrong, in one line: the exception and its message, not just its type.
+
+    A Spark Python worker's failure reaches the driver as a PythonException (or a Java exception)
+    whose first line is only "An exception was thrown from the Python worker"; the worker's own
+    exception is the first unindented line after the last Python traceback in its text.
+    """
+    lines = str(exc).strip().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("Traceback (most recent call")]
+    if starts:
+        indent = len(lines[starts[-1]]) - len(lines[starts[-1]].lstrip())
+        for line in lines[starts[-1] + 1 :]:
+            if line.strip() and len(line) - len(line.lstrip()) <= indent:
+                return f"{line.strip()[:400]} (in a Spark Python worker)"
+    first = next((line.strip() for line in lines if line.strip()), "")
+    return f"{type(exc).__name__}: {first[:400]}" if first else type(exc).__name__
 
 
 def run(args: argparse.Namespace, progress: Progress) -> Path:
@@ -279,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         print("tune: interrupted; nothing written", file=sys.stderr)
         return 130
     except Exception as exc:
-        print(f"tune: failed: {type(exc).__name__}: {_one_line(exc)}; nothing written", file=sys.stderr)
+        print(f"tune: failed: {failure_line(exc)}; nothing written", file=sys.stderr)
         return 1
     finally:
         if not had_session:

@@ -11,9 +11,12 @@ own; at 3 and 6 all clients of a user share one; at 7 and 8 each client id has o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from quota.config import ClientQuotas, QuotaConfig
 from quota.keys import DEFAULT
+
+if TYPE_CHECKING:  # at run time any object with these attributes (quota.plain_config)
+    from quota.config import ClientQuotas, QuotaConfig
 
 Bucket = tuple[str, str]  # (user, client-id), "" where the level does not split by it
 

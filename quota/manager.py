@@ -8,13 +8,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from quota.cluster import FETCH_KIND, PRODUCE_KIND, ClusterView
-from quota.config import QuotaConfig
 from quota.entities import Bucket, Match, any_entity_quota, resolve, topic_quota
 from quota.keys import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from quota.rate import SampledRate, throttle_time_ms
 from quota.token_bucket import TokenBucket
+
+if TYPE_CHECKING:  # at run time any object with these attributes (quota.plain_config)
+    from quota.config import QuotaConfig
 
 PartitionKey = tuple[str, int]
 # A grant not given back within this long is forgotten (a client's default request.timeout.ms):

@@ -19,12 +19,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from quota.config import QuotaConfig
 from quota.entities import Bucket, Match, any_entity_quota, resolve
 from quota.keys import CONTROLLER_MUTATION_RATE
 from quota.rate import QuotaWindow, SampledRate
 from quota.token_bucket import TokenBucket
+
+if TYPE_CHECKING:  # at run time any object with these attributes (quota.plain_config)
+    from quota.config import QuotaConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,12 +15,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from quota.bloom import TimedBloomFilter, capacity_of, hash_count, mix64
-from quota.config import QuotaConfig
 from quota.entities import Match, resolve
 from quota.keys import PRODUCER_IDS_RATE
 from quota.rate import QuotaWindow, SampledRate, throttle_time_ms
+
+if TYPE_CHECKING:  # at run time any object with these attributes (quota.plain_config)
+    from quota.config import QuotaConfig
 
 NO_PRODUCER_ID = -1
 

@@ -404,3 +404,26 @@ def test_bad_options_are_refused(captures: tuple[Path, GeneratedTruth], tmp_path
         assert main(["--input", str(captures[0]), "--output", str(tmp_path / "o"), *bad]) == 2
         assert not (tmp_path / "o").exists()
     assert "coverage" in capsys.readouterr().err
+
+
+def test_a_python_worker_failure_is_named(
+    spark: Any, captures: tuple[Path, GeneratedTruth], tmp_path: Path, capsys: Any, monkeypatch: Any
+) -> None:
+    """A real Spark Python worker raising (as one missing the job's packages would): the last line
+    names the worker's exception and message, not "An exception was thrown from the Python
+    worker", and nothing is written."""
+    import analytics.tune
+
+    def worker_without_packages(*_args: Any) -> Any:
+        def fails(pdf: pd.DataFrame) -> pd.DataFrame:
+            raise ModuleNotFoundError("No module named 'quota'")
+
+        spark.range(4).groupBy("id").applyInPandas(fails, "id long").collect()
+
+    monkeypatch.setattr(analytics.tune, "compute", worker_without_packages)
+    out = tmp_path / "out"
+    assert main(["--input", str(captures[0]), "--output", str(out), "--quiet"]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    worker = "ModuleNotFoundError: No module named 'quota' (in a Spark Python worker)"
+    assert last == f"tune: failed: {worker}; nothing written"
+    assert not out.exists()

@@ -4,13 +4,16 @@ replay the job does agrees with what the proxy decided live."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from quota.config import QuotaConfig
 pytestmark = pytest.mark.integration
 
 KiB = 1024
+REPO = Path(__file__).resolve().parents[2]
 
 
 def captured(directory: Path) -> list[dict[str, Any]]:
@@ -95,10 +99,22 @@ def steady_producers(
     return watches
 
 
-@pytest.mark.timeout(420)
-def test_capture_tune_apply(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
+@dataclass
+class Tuned:
+    """Traffic captured through the proxy, and what the job proposed from it on local[*]."""
+
+    topic: str
+    steady: list[str]
+    capture: Path
+    report: Path
+
+
+@pytest.fixture(scope="module")
+def tuned(kafka_broker: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Tuned:
+    """A heavy producer and three steady ones through a capturing proxy, then ``kthrottle tune``."""
     from analytics.tune import main as tune
 
+    tmp_path = tmp_path_factory.mktemp("tune-loop")
     topic = f"loop-{uuid.uuid4().hex[:6]}"
     kafka_broker.create_topic(topic, partitions=3)
     steady = ["steady-1", "steady-2", "steady-3"]
@@ -112,7 +128,13 @@ def test_capture_tune_apply(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
 
     out = tmp_path / "tuned"
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    assert tune(["--input", str(capture_dir), "--output", str(out), "--master", "local[2]", "--quiet"]) == 0
+    assert tune(["--input", str(capture_dir), "--output", str(out), "--master", "local[*]", "--quiet"]) == 0
+    return Tuned(topic, steady, capture_dir, out)
+
+
+@pytest.mark.timeout(420)
+def test_capture_tune_apply(kafka_broker: KafkaCluster, tuned: Tuned, tmp_path: Path) -> None:
+    topic, steady, out = tuned.topic, tuned.steady, tuned.report
     proposal = yaml.safe_load((out / "quotas.yaml").read_text())
     QuotaConfig.model_validate(proposal["quotas"])
     assert (out / "report.html").exists()
@@ -188,3 +210,56 @@ def test_replay_matches_live_throttle(kafka_broker: KafkaCluster, tmp_path: Path
         assert abs(again - decided) <= 0.1 * decided, (
             f"{client_id}: live {decided} ms, replayed {again:.0f} ms"
         )
+
+
+@pytest.mark.timeout(300)
+def test_spark_submit_on_a_standalone_cluster(tuned: Tuned, tmp_path: Path) -> None:
+    """The README's spark-submit line, run from a directory outside the checkout with no
+    PYTHONPATH, on a real standalone master and worker whose Python has pyspark's own
+    dependencies and nothing of this project: the job ships its packages to the executors, the
+    replay runs there, and the proposal is the one local[*] made."""
+    from dev.spark_cluster import SparkStandalone, executor_python
+
+    cluster_python = executor_python(tmp_path / "cluster-python")
+    for module, present in (("pandas", True), ("pyarrow", True), ("pydantic", False), ("quota", False)):
+        found = subprocess.run(
+            [str(cluster_python), "-c", f"import {module}"], cwd=tmp_path, env={}
+        ).returncode
+        assert (found == 0) == present, f"the cluster's Python {'lacks' if present else 'has'} {module}"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON")}
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    out = tmp_path / "tuned-on-cluster"
+    with SparkStandalone(workers=1, cores=1) as cluster:
+        submit = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "spark-submit"),
+                "--master",
+                cluster.master_url,
+                "--conf",
+                f"spark.pyspark.driver.python={sys.executable}",
+                "--conf",
+                f"spark.pyspark.python={cluster_python}",
+                str(REPO / "analytics" / "tune.py"),
+                "--input",
+                str(tuned.capture),
+                "--output",
+                str(out),
+            ],
+            cwd=elsewhere,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    # spark-submit passes the Python driver's stderr to its stdout: the job's lines are there
+    last = submit.stdout.strip().splitlines()[-1:]
+    assert submit.returncode == 0, f"spark-submit failed: {last}\n{submit.stdout[-4000:]}"
+    assert last[0].startswith("tune: [") and f"wrote {out}" in last[0], last
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["master"] == cluster.master_url
+    assert meta["replay"]["replayed_rows"] > 0, "no request was replayed on the executors"
+    on_cluster = yaml.safe_load((out / "quotas.yaml").read_text())
+    local = yaml.safe_load((tuned.report / "quotas.yaml").read_text())
+    assert on_cluster == local
