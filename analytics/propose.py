@@ -77,6 +77,9 @@ TABLE_COLUMNS = [
     "value",
     "observed",
     "basis",
+    "requests",  # the evidence the value rests on: requests (new ids for producer_ids_rate),
+    "seconds",  # seconds of traffic (summed over the entities for a default),
+    "entities",  # and how many entities (topics for topic quotas)
     "written",
     "note",
 ]
@@ -92,6 +95,10 @@ class ProposeOptions:
     # An override grants an outlier more than the default, but at most this many times it: a client
     # that runs flat out (no rate of its own, only what the cluster gives it) is held, not blessed.
     max_override_factor: float = 10.0
+    # Evidence: a value resting on fewer requests (mutation requests, new producer ids), or on fewer
+    # seconds of traffic than this many byte-rate quota windows (Kafka's 11 x 1 s), is not written.
+    min_requests: int = 10
+    min_windows: float = 3.0
 
     def __post_init__(self) -> None:
         if not 0 < self.coverage <= 1:
@@ -102,6 +109,8 @@ class ProposeOptions:
             raise ValueError("max-override-factor must be at least 1")
         if self.top_k < 0:
             raise ValueError("top-k must be 0 or more")
+        if self.min_requests < 1 or self.min_windows < 0:
+            raise ValueError("min-requests must be at least 1 and min-windows 0 or more")
         if self.default_level not in DEFAULT_LEVELS:
             raise ValueError(f"default level must be one of {', '.join(DEFAULT_LEVELS)}")
 
@@ -113,6 +122,52 @@ class Proposal:
     table: pd.DataFrame  # one row per proposed value (written or not) and why
     yaml: str  # quotas.yaml, header comment included
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a proposed value rests on; ``missing`` says why it is too little (empty: enough)."""
+
+    requests: int | None
+    seconds: int
+    entities: int
+    missing: str = ""
+
+    @property
+    def enough(self) -> bool:
+        return not self.missing
+
+    def columns(self) -> dict[str, Any]:
+        return {"requests": self.requests, "seconds": self.seconds, "entities": self.entities}
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n:,} {thing}" if n == 1 else f"{n:,} {thing}s"
+
+
+def evidence(
+    opts: ProposeOptions,
+    seconds: float,
+    entities: int,
+    requests: float | None = None,
+    what: str = "request",
+    need_seconds: bool = True,
+    need_requests: bool = True,
+) -> Evidence:
+    """The evidence of a value and, when below ``opts``' thresholds, why it is too little."""
+    window_s = _KAFKA_WINDOW.num * _KAFKA_WINDOW.size_seconds
+    min_seconds = math.ceil(opts.min_windows * window_s)
+    reqs = None if requests is None else int(requests)
+    secs = int(seconds)
+    short = []
+    if need_requests and reqs is not None and reqs < opts.min_requests:
+        short.append(f"{_count(reqs, what)}; at least {opts.min_requests} are needed")
+    if need_seconds and secs < min_seconds:
+        short.append(
+            f"{secs:,} s of traffic; at least {min_seconds} s ({opts.min_windows:g} quota windows of"
+            f" {window_s:g} s) are needed"
+        )
+    return Evidence(reqs, secs, entities, "only " + " and ".join(short) if short else "")
 
 
 def nice_up(value: float, digits: int = 3) -> float:
@@ -153,6 +208,16 @@ class _Builder:
         self.rows.append({c: kw.get(c) for c in TABLE_COLUMNS})
 
 
+def _requests(ents: pd.DataFrame) -> int | None:
+    """Requests behind these entity rows (None for tables from before the column existed)."""
+    return int(ents["requests"].sum()) if "requests" in ents else None
+
+
+def _requests_of(row: Any) -> int | None:
+    value = getattr(row, "requests", None)
+    return None if value is None or pd.isna(value) else int(value)
+
+
 def _entity_path(level: str, user: str, client_id: str) -> tuple[str, ...]:
     if level == "user-client":
         return ("users", user, "clients", client_id)
@@ -182,9 +247,13 @@ def _byte_rates(b: _Builder, stats: Stats, opts: ProposeOptions) -> dict[str, di
             base, k, n = cover(ents["p99_bps"], opts.coverage)
             default = nice_bytes(base * opts.headroom)
             defaults.setdefault(level, {})[key] = default
-            written = level == opts.default_level
+            ev = evidence(opts, ents["active_s"].sum(), n, _requests(ents))
+            written = level == opts.default_level and ev.enough
             if written:
                 b.set(_default_path(level), key, default)
+            note = "" if written else f"not set: the default is at the {opts.default_level} level"
+            if level == opts.default_level and not ev.enough:
+                note = ev.missing
             b.row(
                 kind="default",
                 level=level,
@@ -194,8 +263,9 @@ def _byte_rates(b: _Builder, stats: Stats, opts: ProposeOptions) -> dict[str, di
                 value=default,
                 observed=base,
                 basis=f"p99 of {k}/{n} entities x {opts.headroom:g}",
+                **ev.columns(),
                 written=written,
-                note="" if written else f"not set: the default is at the {opts.default_level} level",
+                note=note,
             )
             uncovered = ents[ents["p99_bps"] > default].sort_values("p99_bps", ascending=False)
             chosen = 0
@@ -221,6 +291,9 @@ def _byte_rates(b: _Builder, stats: Stats, opts: ProposeOptions) -> dict[str, di
                         note, written = "its (user, client-id) pairs all have overrides", False
                     elif opts.default_level != "client":
                         note, written = "client-id quotas never apply under a <default> user quota", False
+                ev = evidence(opts, float(r.active_s), 1, _requests_of(r))
+                if written and not ev.enough:
+                    note, written = ev.missing, False
                 if written and chosen >= opts.top_k:
                     note, written = f"beyond the top {opts.top_k}: held to the default", False
                 if written:
@@ -237,6 +310,7 @@ def _byte_rates(b: _Builder, stats: Stats, opts: ProposeOptions) -> dict[str, di
                     value=value,
                     observed=p99,
                     basis=f"own p99 x {opts.headroom:g}",
+                    **ev.columns(),
                     written=written,
                     note=note,
                 )
@@ -253,7 +327,9 @@ def _topics(b: _Builder, stats: Stats, opts: ProposeOptions) -> None:
             continue
         base, k, n = cover(tr["partition_p99_max_bps"], opts.coverage)
         default = nice_bytes(base * opts.headroom)
-        b.set(("topics", DEFAULT), alias, default)
+        ev = evidence(opts, tr["active_s"].sum(), n)
+        if ev.enough:
+            b.set(("topics", DEFAULT), alias, default)
         b.row(
             kind="default",
             level="topic",
@@ -262,16 +338,21 @@ def _topics(b: _Builder, stats: Stats, opts: ProposeOptions) -> None:
             value=default,
             observed=base,
             basis=f"largest partition p99 of {k}/{n} topics x {opts.headroom:g}",
-            written=True,
-            note="",
+            **ev.columns(),
+            written=ev.enough,
+            note=ev.missing,
         )
         uncovered = tr[tr["partition_p99_max_bps"] > default]
         uncovered = uncovered.sort_values("partition_p99_max_bps", ascending=False)
-        for i, r in enumerate(uncovered.itertuples(index=False)):
+        chosen = 0
+        for r in uncovered.itertuples(index=False):
             observed = float(r.partition_p99_max_bps)
             value = nice_bytes(observed * opts.headroom)
-            written = i < opts.top_k
+            ev = evidence(opts, float(r.active_s), 1)
+            written = ev.enough and chosen < opts.top_k
+            note = ev.missing or ("" if written else f"beyond the top {opts.top_k}: held to the default")
             if written:
+                chosen += 1
                 b.set(("topics", str(r.topic)), alias, value)
             b.row(
                 kind="override",
@@ -281,8 +362,9 @@ def _topics(b: _Builder, stats: Stats, opts: ProposeOptions) -> None:
                 value=value,
                 observed=observed,
                 basis=f"largest partition p99 x {opts.headroom:g}",
+                **ev.columns(),
                 written=written,
-                note="" if written else f"beyond the top {opts.top_k}: held to the default",
+                note=note,
             )
 
 
@@ -332,8 +414,13 @@ def _mutations(b: _Builder, stats: Stats, opts: ProposeOptions) -> None:
     if num > MAX_WINDOW_NUM:  # the window cannot grow further: a higher rate gives the burst instead
         num = MAX_WINDOW_NUM
         rate = nice_up(burst / num, 2)
-    b.set(_default_path(level), CONTROLLER_MUTATION_RATE, rate)
-    b.quotas["controller_window"] = {"num": num, "size_seconds": 1.0}
+    # A rate is mutations over time: it rests on the requests seen, over the whole capture.
+    ev = evidence(opts, stats.span_s, n, ents["requests"].sum(), "mutation request", need_seconds=False)
+    if ev.enough:
+        b.set(_default_path(level), CONTROLLER_MUTATION_RATE, rate)
+        b.quotas["controller_window"] = {"num": num, "size_seconds": 1.0}
+    elif ev.requests:
+        ev = Evidence(ev.requests, ev.seconds, ev.entities, f"{ev.missing} (in {stats.span_s:,} s)")
     b.row(
         kind="default",
         level=level,
@@ -343,8 +430,11 @@ def _mutations(b: _Builder, stats: Stats, opts: ProposeOptions) -> None:
         value=rate,
         observed=float(good["peak_rate"].max()),
         basis=f"peak 10-minute rate of {len(good)}/{n} well-behaved entities x {opts.headroom:g}",
-        written=True,
-        note=f"burst {num} x 1 s x {rate:g} = {num * rate:g} >= {burst:.0f} needed",
+        **ev.columns(),
+        written=ev.enough,
+        note=f"burst {num} x 1 s x {rate:g} = {num * rate:g} >= {burst:.0f} needed"
+        if ev.enough
+        else ev.missing,
     )
     b.row(
         kind="window",
@@ -353,8 +443,9 @@ def _mutations(b: _Builder, stats: Stats, opts: ProposeOptions) -> None:
         value=num,
         observed=need,
         basis=f"largest token backlog at rate {rate:g} x {opts.headroom:g} / rate",
-        written=True,
-        note="",
+        **ev.columns(),
+        written=ev.enough,
+        note="" if ev.enough else "goes with controller_mutation_rate, which is not written",
     )
     for r in ents[ents["max_window"] > base].itertuples(index=False):
         b.row(
@@ -366,7 +457,7 @@ def _mutations(b: _Builder, stats: Stats, opts: ProposeOptions) -> None:
             observed=float(r.max_window),
             basis=f"burst of {int(r.max_window)} mutations above the covered {base:.0f}",
             written=False,
-            note="abusive: held to the default",
+            note="abusive: held to the default" if ev.enough else "abusive; no default is written",
         )
 
 
@@ -383,7 +474,9 @@ def _producer_ids(b: _Builder, stats: Stats, opts: ProposeOptions) -> None:
         return
     base, k, n = cover(users["peak_ids_per_s"], opts.coverage)
     rate = nice_up(base * opts.headroom, 2)
-    b.set(("users", DEFAULT), PRODUCER_IDS_RATE, rate)
+    ev = evidence(opts, stats.span_s, n, users["new_ids"].sum(), "new producer id", need_seconds=False)
+    if ev.enough:
+        b.set(("users", DEFAULT), PRODUCER_IDS_RATE, rate)
     b.row(
         kind="default",
         level="user",
@@ -392,8 +485,9 @@ def _producer_ids(b: _Builder, stats: Stats, opts: ProposeOptions) -> None:
         value=rate,
         observed=base,
         basis=f"peak hourly new ids/s of {k}/{n} users x {opts.headroom:g}",
-        written=True,
-        note="",
+        **ev.columns(),
+        written=ev.enough,
+        note=ev.missing,
     )
     for r in users[users["peak_ids_per_s"] > rate].itertuples(index=False):
         b.row(
@@ -431,7 +525,23 @@ def _fmt(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:g}"
 
 
-def _header(stats: Stats, opts: ProposeOptions, defaults: dict[str, dict[str, int]], source: str) -> str:
+def _too_little(rows: list[dict[str, Any]]) -> list[str]:
+    """Header lines for the values left out for lack of evidence."""
+    out = []
+    for r in rows:
+        if not r["written"] and str(r["note"] or "").startswith("only "):
+            who = "/".join(str(r[c]) for c in ("user", "client_id", "topic") if r[c]) or r["level"]
+            out.append(f"  {r['key']} ({r['kind']}, {who}): {r['note']}")
+    return out
+
+
+def _header(
+    stats: Stats,
+    opts: ProposeOptions,
+    defaults: dict[str, dict[str, int]],
+    source: str,
+    rows: list[dict[str, Any]],
+) -> str:
     start = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(stats.start_s))
     end = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(stats.end_s + 1))
     lines = [
@@ -452,6 +562,10 @@ def _header(stats: Stats, opts: ProposeOptions, defaults: dict[str, dict[str, in
         lines += [
             f"  {lvl}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in defaults[lvl].items()) for lvl in others
         ]
+    left_out = _too_little(rows)
+    if left_out:
+        lines.append("Not written, too little evidence to rest a quota on:")
+        lines += left_out
     lines += [
         "controller_mutation_rate: token bucket of burst controller_window.num x size x rate, sized to admit",
         "the observed bursts of well-behaved admin clients; producer_ids_rate: new producer ids per second.",
@@ -499,7 +613,7 @@ def propose(stats: Stats, opts: ProposeOptions | None = None, source: str = "") 
     quotas = _ordered(b.quotas)
     cfg = QuotaConfig.model_validate(quotas)
     body = yaml.safe_dump({"quotas": quotas}, sort_keys=False, default_flow_style=None, width=110)
-    text = _header(stats, opts, defaults, source) + body
+    text = _header(stats, opts, defaults, source, b.rows) + body
     table = pd.DataFrame(b.rows, columns=TABLE_COLUMNS)
     _annotate(stats, cfg, opts)
     return Proposal(quotas=quotas, config=cfg, table=table, yaml=text)

@@ -288,8 +288,6 @@ def pair_seconds(captures: DataFrame, for_replay: bool = False) -> DataFrame:
     if for_replay:
         ids = F.size(F.filter("producer_ids", lambda x: x > -1))  # NO_PRODUCER_ID left out
         extra = [
-            F.count(F.when(produce, 1)).alias("produce_requests"),
-            F.count(F.when(fetch, 1)).alias("fetch_requests"),
             _fetch_shift(fetch).alias("fetch_shift_ms"),
             F.count(F.when(api == 22, 1)).alias("init_pid_requests"),
             F.count(F.when(produce & (ids > 0), 1)).alias("pid_requests"),
@@ -301,6 +299,8 @@ def pair_seconds(captures: DataFrame, for_replay: bool = False) -> DataFrame:
         F.sum(F.when(produce, F.col("throttle_ms"))).alias("produce_throttle_ms"),
         F.sum(F.when(fetch, F.col("throttle_ms"))).alias("fetch_throttle_ms"),
         F.count(F.lit(1)).alias("requests"),
+        F.count(F.when(produce, 1)).alias("produce_requests"),  # the evidence a byte rate rests on
+        F.count(F.when(fetch, 1)).alias("fetch_requests"),
         F.sum(F.when(F.col("mutations") > 0, F.col("mutations"))).alias("mutations"),
         F.count(F.when(F.col("mutations") >= 0, 1)).alias("mutation_requests"),
         *extra,
@@ -329,14 +329,12 @@ def entity_table(pairs: DataFrame, opts: StatsOptions) -> DataFrame:
     """One row per entity: produce and fetch stats structs, throttle sums, top entities' seconds."""
     from pyspark.sql import functions as F
 
-    levels = level_seconds(
-        pairs, ["produce_bytes", "fetch_bytes", "produce_throttle_ms", "fetch_throttle_ms"]
-    )
+    summed = ["produce_throttle_ms", "fetch_throttle_ms", "produce_requests", "fetch_requests"]
+    levels = level_seconds(pairs, ["produce_bytes", "fetch_bytes", *summed])
     per_entity = levels.groupBy(*ENTITY_KEYS).agg(
         *_collect(PRODUCE, points=True),
         *_collect(FETCH, points=True),
-        F.sum("produce_throttle_ms").alias("produce_throttle_ms"),
-        F.sum("fetch_throttle_ms").alias("fetch_throttle_ms"),
+        *[F.sum(c).alias(c) for c in summed],
     )
     return _with_stats(per_entity, ["level"], opts.top_series, opts.burst_factor)
 
@@ -521,11 +519,16 @@ def _entities(
     finally:
         pairs.unpersist()
     tables: dict[str, pd.DataFrame] = {"_seconds": seconds} if seconds is not None else {}
-    entity = _melt(wide, ENTITY_KEYS, {"throttle_ms": "{direction}_throttle_ms"})
+    entity = _melt(
+        wide, ENTITY_KEYS, {"throttle_ms": "{direction}_throttle_ms", "requests": "{direction}_requests"}
+    )
     entity["throttle_ms"] = entity["throttle_ms"].fillna(0).astype("int64")
+    entity["requests"] = entity["requests"].fillna(0).astype("int64")
     entity["mean_bps"] = (entity["total_bytes"] / span).round(1)
     entity["throttled_share"] = (entity["throttle_ms"] / (span * 1000.0)).round(6)
-    entity = entity[[*RATE_KEYS, *DIST_COLUMNS, "throttle_ms", *BURST_COLUMNS, "mean_bps", "throttled_share"]]
+    entity = entity[
+        [*RATE_KEYS, *DIST_COLUMNS, "requests", "throttle_ms", *BURST_COLUMNS, "mean_bps", "throttled_share"]
+    ]
     order = ["level", "direction", "p99_bps"]
     tables["entity_rates"] = entity.sort_values(order, ascending=[True, True, False], ignore_index=True)
     tables["entity_series"] = _series_rows(wide, ENTITY_KEYS)

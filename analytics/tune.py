@@ -25,7 +25,7 @@ is epoch seconds; bytes are per 1-second window; definitions are in analytics/st
 proposal rules in analytics/propose.py:
 
 - entity_rates: level, user, client_id, direction (produce|fetch), active_s, total_bytes, p50_bps,
-  p95_bps, p99_bps, max_bps, throttle_ms, max_burst_s, bursts, mean_burst_s, mean_bps,
+  p95_bps, p99_bps, max_bps, requests, throttle_ms, max_burst_s, bursts, mean_burst_s, mean_bps,
   throttled_share, quota_bps, quota_level (the proposed quota resolving for a (user, client-id)
   and its KIP-55 level; empty on the other levels)
 - entity_series: level, user, client_id, direction, sec, bytes (top entities by p99, for plots)
@@ -41,7 +41,7 @@ proposal rules in analytics/propose.py:
   over_quota
 - producer_ids_hourly: user, hour_start_s, covered_s, new_ids, ids_per_s
 - proposal: kind (default|override|window|excluded), level, user, client_id, topic, key, value,
-  observed, basis, written, note
+  observed, basis, requests, seconds, entities (the evidence), written, note (why not written)
 - replay: what ``analytics.replay.replay`` returns (when available)
 
 ``meta`` for the report: input, files, records, start_ms, end_ms, span_s, options, stages
@@ -130,6 +130,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--burst-factor", type=float, default=2.0, help="a burst is a run of seconds above this x median"
     )
     p.add_argument(
+        "--min-requests",
+        type=int,
+        default=10,
+        help="write no value resting on fewer mutation requests or new producer ids (default 10)",
+    )
+    p.add_argument(
+        "--min-windows",
+        type=float,
+        default=3.0,
+        help="write no byte-rate value resting on fewer seconds than this many 11 s quota windows (3)",
+    )
+    p.add_argument(
         "--skip-replay", action="store_true", help="do not replay the traffic through the proposal"
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines (warnings and errors only)")
@@ -193,6 +205,8 @@ def run(args: argparse.Namespace, progress: Progress) -> Path:
             args.top_k,
             args.default_level,
             max_override_factor=args.max_override_factor,
+            min_requests=args.min_requests,
+            min_windows=args.min_windows,
         )
     except ValueError as exc:
         raise InputError(str(exc)) from exc
@@ -242,6 +256,8 @@ def run(args: argparse.Namespace, progress: Progress) -> Path:
             "top_k": args.top_k,
             "default_level": args.default_level,
             "burst_factor": args.burst_factor,
+            "min_requests": args.min_requests,
+            "min_windows": args.min_windows,
             "controller_window_s": stats_opts.controller_window_s,
             "sustained_window_s": stats_opts.sustained_window_s,
         },

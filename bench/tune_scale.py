@@ -3,16 +3,22 @@
 Generates the two capture sets once (analytics/generate.py; cached under the cache directory and
 reused while the record count and seed match), starts one local[2] Spark session, warms it up on a
 small set, then times the whole job (statistics, proposal, replay, writing) on each set in the same
-process. Spark start-up and generation are not timed. Prints progress, then one JSON line last:
+process. Then the same job on the 10M set through ``spark-submit`` on a real standalone cluster of
+one worker with as many cores (dev/spark_cluster.py), its executors on a Python that has only
+pyspark's own dependencies, as on a shared cluster. Spark start-up and generation are not timed.
+Prints progress, then one JSON line last:
 
   records_per_s_1m, records_per_s_10m   records / job seconds
   scaling_ratio                         time_10m / (10 x time_1m): at most 1 means time grows no
                                         faster than linearly
   seconds_1m, seconds_10m               the job times
   stages_1m, stages_10m                 time per stage of each (statistics, proposal, replay, writing)
+  cluster_records_per_s_10m             the 10M job on the 1-worker standalone cluster (its stages
+  cluster_seconds_10m, cluster_stages_10m  after Spark's start, as above); --no-cluster leaves it out
   target_records_per_s                  250000 (10M on 2 cores)
 
 Usage: source dev/setup.sh && python bench/tune_scale.py [--cache DIR] [--skip-replay] [--repeat N]
+       [--no-cluster]
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,9 +39,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from analytics.generate import GeneratedTruth, generate
 from analytics.session import build_session
 from analytics.tune import main as tune
+from dev.spark_cluster import SparkStandalone, executor_python
+
+REPO = Path(__file__).resolve().parent.parent
 
 TARGET = 250_000
-MASTER = "local[2]"
+CORES = 2
+MASTER = f"local[{CORES}]"
 
 
 def log(message: str) -> None:
@@ -73,6 +84,46 @@ def run(inp: Path, out: Path, extra: list[str], repeat: int = 1) -> tuple[float,
     return best
 
 
+def on_cluster(inp: Path, out: Path, extra: list[str], cores: int) -> tuple[float, dict[str, Any]]:
+    """The job through spark-submit on a 1-worker standalone cluster: its seconds after Spark's
+    start (the stages, as ``run`` times them) and its meta."""
+    python = executor_python(out / "cluster-python")
+    with SparkStandalone(workers=1, cores=cores, memory="4g") as cluster:
+        log(f"standalone cluster {cluster.master_url}: 1 worker, {cores} cores")
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON")}
+        submit = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "spark-submit"),
+                "--master",
+                cluster.master_url,
+                "--conf",
+                f"spark.pyspark.driver.python={sys.executable}",
+                "--conf",
+                f"spark.pyspark.python={python}",
+                "--conf",
+                "spark.executor.memory=3g",
+                "--driver-memory",
+                "2g",
+                str(REPO / "analytics" / "tune.py"),
+                "--input",
+                str(inp),
+                "--output",
+                str(out / "cluster"),
+                *extra,
+            ],
+            cwd=out,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+    if submit.returncode != 0:
+        raise SystemExit(f"tune_scale: the job failed on the cluster: {submit.stdout.strip()[-2000:]}")
+    meta = json.loads((out / "cluster" / "meta.json").read_text())
+    took = sum(v for k, v in meta["stages"].items() if k != "starting Spark")
+    return took, meta
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -90,6 +141,7 @@ def main() -> None:
         "--repeat", type=int, default=1, help="runs per size, the fastest counts (noisy hosts)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines from the job")
+    parser.add_argument("--no-cluster", action="store_true", help="leave out the run on a standalone cluster")
     args = parser.parse_args()
     cache = Path(args.cache or Path(tempfile.gettempdir()) / "kthrottle-tune-scale")
     cache.mkdir(parents=True, exist_ok=True)
@@ -113,6 +165,20 @@ def main() -> None:
         for stage in meta["stages"]:
             small_s, large_s = meta_small["stages"].get(stage, 0.0), meta["stages"][stage]
             log(f"  {stage}: {small_s:.1f}s ({args.small:,})  {large_s:.1f}s ({args.large:,})")
+        spark.stop()
+        cluster: dict[str, Any] = {}
+        if not args.no_cluster:
+            t_cluster, meta_cluster = on_cluster(large, out, extra, CORES)
+            log(
+                f"{args.large:,} records on the cluster: {t_cluster:.1f}s, "
+                f"{args.large / t_cluster:,.0f} records/s"
+            )
+            cluster = {
+                "cluster_records_per_s_10m": round(args.large / t_cluster),
+                "cluster_seconds_10m": round(t_cluster, 2),
+                "cluster_stages_10m": meta_cluster["stages"],
+                "cluster_master": f"standalone, 1 worker, {CORES} cores",
+            }
     finally:
         shutil.rmtree(out, ignore_errors=True)
         spark.stop()
@@ -131,6 +197,7 @@ def main() -> None:
                 "master": MASTER,
                 "target_records_per_s": TARGET,
                 "meets_target": args.large / t_large >= TARGET and ratio <= 1.0,
+                **cluster,
             }
         )
     )

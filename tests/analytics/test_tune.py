@@ -334,8 +334,9 @@ def test_remote_style_input_is_checked_through_spark(
 
 def _rates(rows: list[tuple[str, str, str, str, float]]) -> pd.DataFrame:
     out = pd.DataFrame(rows, columns=["level", "user", "client_id", "direction", "p99_bps"])
-    for c in ("active_s", "total_bytes", "p50_bps", "p95_bps", "max_bps"):
+    for c in ("total_bytes", "p50_bps", "p95_bps", "max_bps"):
         out[c] = 1
+    out["active_s"] = 600  # every entity active the whole 600 s: evidence enough
     return out
 
 
@@ -397,6 +398,75 @@ def test_default_levels_and_kip55_shadowing() -> None:
 
     few = propose(stats, ProposeOptions(top_k=0)).config
     assert resolve(few, "big", "loader", PRODUCER_BYTE_RATE).level == 5  # type: ignore[union-attr]
+
+
+def _one_create_topics(requests: int) -> Stats:
+    """A capture of 240 s with ``requests`` CreateTopics of 7 partitions from one admin client, and
+    a producer active for only 12 of its seconds beside 40 steady ones."""
+    rows = [("user-client", "u", f"c{i}", "produce", 1000.0 + i) for i in range(40)]
+    rows += [("user-client", "u", "brief", "produce", 90_000.0)]
+    rates = _rates(rows)
+    rates.loc[rates["client_id"] == "brief", "active_s"] = 12
+    stats = _stats(rates)
+    stats.start_s, stats.end_s = 0, 239
+    secs = list(range(0, 10 * requests, 10))
+    stats.tables["mutations"] = pd.DataFrame(
+        [
+            (
+                "user-client",
+                "ANONYMOUS",
+                "admin",
+                requests,
+                7 * requests,
+                requests,
+                7,
+                7,
+                7 * requests / 240,
+                0.03,
+            )
+        ],
+        columns=[
+            "level",
+            "user",
+            "client_id",
+            "requests",
+            "mutations",
+            "active_s",
+            "max_per_s",
+            "max_window",
+            "peak_rate",
+            "mean_rate",
+        ],
+    )
+    stats.tables["mutation_series"] = pd.DataFrame(
+        [("user-client", "ANONYMOUS", "admin", sec, 7) for sec in secs],
+        columns=["level", "user", "client_id", "sec", "mutations"],
+    )
+    return stats
+
+
+def test_too_little_evidence_is_not_written() -> None:
+    """One CreateTopics in four minutes is no basis for a mutation rate, nor 12 seconds of traffic
+    for a byte rate: neither is written, each row says what it rested on and why, and so does the
+    file's header. With enough requests the same rule writes the rate."""
+    proposal = propose(_one_create_topics(1), ProposeOptions())
+    assert "controller_window" not in proposal.quotas
+    assert proposal.config.users[DEFAULT].clients[DEFAULT].controller_mutation_rate is None
+    rows = proposal.table.set_index(["kind", "key"])
+    mutation = rows.loc[("default", CONTROLLER_MUTATION_RATE)]
+    assert not mutation["written"]
+    assert mutation["requests"] == 1 and mutation["seconds"] == 240 and mutation["entities"] == 1
+    assert mutation["note"] == "only 1 mutation request; at least 10 are needed (in 240 s)"
+    brief = proposal.table[proposal.table["client_id"] == "brief"].iloc[0]
+    assert not brief["written"] and brief["seconds"] == 12
+    assert brief["note"].startswith("only 12 s of traffic; at least 33 s")
+    assert "brief" not in proposal.config.users.get("u", type(proposal.config.users[DEFAULT])()).clients
+    assert "Not written, too little evidence" in proposal.yaml
+    assert "1 mutation request; at least 10" in proposal.yaml
+
+    enough = propose(_one_create_topics(12), ProposeOptions())
+    assert enough.config.users[DEFAULT].clients[DEFAULT].controller_mutation_rate is not None
+    assert enough.quotas["controller_window"]["num"] >= 11
 
 
 def test_bad_options_are_refused(captures: tuple[Path, GeneratedTruth], tmp_path: Path, capsys: Any) -> None:
