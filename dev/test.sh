@@ -9,7 +9,10 @@ setup_began=$SECONDS
 source dev/setup.sh
 export SPARK_LOCAL_IP=127.0.0.1
 export KTHROTTLE_QUICK_TOOLS=1   # Kafka's Java tools start with C1 only (dev/harness.py java_command)
-echo "== setup took $((SECONDS - setup_began)) s (virtualenv, Kafka jars, helm; cached after the first run)" >&2
+# The report's browser check needs Chromium: installed here (Debian's package, when missing), so
+# the download does not count against the test run's time.
+bash dev/chromium.sh >/dev/null || echo "setup: no Chromium; test_report_browser.py will say why" >&2
+echo "== setup took $((SECONDS - setup_began)) s (virtualenv, Kafka jars, helm, Chromium; cached after the first run)" >&2
 
 lint_began=$SECONDS
 echo "== ruff" >&2
