@@ -300,7 +300,7 @@ class CaptureConfig(Strict):
     retention_files: int = Field(288, ge=1, le=1_000_000)  # completed files kept, oldest deleted first
     retention_seconds: float | None = Field(7 * 86400.0, gt=0)  # and none older than this
     queue_records: int = Field(200_000, ge=1000, le=10_000_000)  # past this, records are dropped
-    batch_records: int = Field(8192, ge=16, le=1_000_000)  # one Parquet row group at most
+    batch_records: int = Field(8192, ge=16, le=1_000_000)  # records a Parquet row group holds
     flush_seconds: float = Field(1.0, gt=0, le=60)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from proxy.capture import INPROGRESS, CaptureWriter
+from proxy.capture import INPROGRESS, CaptureFiles, CaptureWriter
 from proxy.config import CaptureConfig
 from proxy.metrics import ProxyMetrics
 from quota.capture_schema import CAPTURE_SCHEMA_VERSION, CAPTURE_VERSION_KEY, FIELD_NAMES
@@ -83,3 +83,29 @@ def test_files_roll_by_size_carry_the_version_and_keep_retention(tmp_path: Path)
     meta = pq.read_schema(files[0]).metadata
     assert meta[CAPTURE_VERSION_KEY.encode()] == str(CAPTURE_SCHEMA_VERSION).encode()
     assert _rows(tmp_path)[-1]["ts_ms"] == 1_700_000_000_000 + 19_999  # the newest are kept
+
+
+def _file_of_small_batches(directory: Path, row_group_records: int) -> Path:
+    """250 flushes of 10 requests, as a proxy at 10 requests/s hands them to the file."""
+    files = CaptureFiles(directory, "p1", 1 << 30, float("inf"), row_group_records=row_group_records)
+    for batch in range(250):
+        files.write([_row(batch * 10 + i) for i in range(10)])
+    files.close()
+    [path] = directory.glob("*.parquet")
+    return path
+
+
+def test_small_batches_share_row_groups(tmp_path: Path) -> None:
+    """A quiet proxy hands the file a few rows per flush: they are gathered into full row groups
+    (each costs its column metadata), so a record costs a few bytes, not tens."""
+    path = _file_of_small_batches(tmp_path / "gathered", 1000)
+    parquet = pq.ParquetFile(path)
+    assert parquet.metadata.num_rows == 2500
+    assert parquet.metadata.num_row_groups == 3  # 1000, 1000 and the 500 left at close
+    assert [r["ts_ms"] for r in _rows(tmp_path / "gathered")] == [1_700_000_000_000 + i for i in range(2500)]
+    one_group_per_flush = _file_of_small_batches(tmp_path / "per-flush", 10)
+    print(
+        f"bytes per record: {path.stat().st_size / 2500:.1f} gathered, "
+        f"{one_group_per_flush.stat().st_size / 2500:.1f} one row group per flush"
+    )
+    assert path.stat().st_size * 3 < one_group_per_flush.stat().st_size
