@@ -760,7 +760,14 @@ def evidence(row: Mapping[str, Any]) -> str:
     """What a value rests on: '1 request in 240 s from 1 user and client-id pair'."""
     parts = []
     if not _missing(row.get("requests")):
-        parts.append(_plural(row["requests"], "request"))
+        key = _text(row.get("key"))
+        # What was counted: new producer ids for their rate, mutation requests for the controller's.
+        one, many = {
+            "producer_ids_rate": ("new producer id", "new producer ids"),
+            "controller_mutation_rate": ("mutation request", "mutation requests"),
+            "controller_window.num": ("mutation request", "mutation requests"),
+        }.get(key, ("request", "requests"))
+        parts.append(_plural(row["requests"], one, many))
     if not _missing(row.get("seconds")):
         parts.append(f"in {fmt_num(row['seconds'])} s of traffic")
     if not _missing(row.get("entities")):
