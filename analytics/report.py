@@ -757,7 +757,7 @@ def applies_to(row: Mapping[str, Any]) -> str:
 
 
 def evidence(row: Mapping[str, Any]) -> str:
-    """What a value rests on: '1 request in 240 s from 1 user and client-id pair'."""
+    """What a value rests on: '1 mutation request in 240 s from 1 user and client-id pair'."""
     parts = []
     if not _missing(row.get("requests")):
         key = _text(row.get("key"))
