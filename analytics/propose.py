@@ -78,7 +78,8 @@ TABLE_COLUMNS = [
     "observed",
     "basis",
     "requests",  # the evidence the value rests on: requests (new ids for producer_ids_rate),
-    "seconds",  # seconds of traffic (summed over the entities for a default),
+    "seconds",  # seconds of traffic (the median entity's for a byte-rate default; the capture's
+    # span for the rates of mutations and producer ids),
     "entities",  # and how many entities (topics for topic quotas)
     "written",
     "note",
@@ -153,8 +154,10 @@ def evidence(
     what: str = "request",
     need_seconds: bool = True,
     need_requests: bool = True,
+    median: bool = False,
 ) -> Evidence:
-    """The evidence of a value and, when below ``opts``' thresholds, why it is too little."""
+    """The evidence of a value and, when below ``opts``' thresholds, why it is too little;
+    ``median``: ``seconds`` is the median entity's (a default rests on typical entities)."""
     window_s = _KAFKA_WINDOW.num * _KAFKA_WINDOW.size_seconds
     min_seconds = math.ceil(opts.min_windows * window_s)
     reqs = None if requests is None else int(requests)
@@ -163,8 +166,9 @@ def evidence(
     if need_requests and reqs is not None and reqs < opts.min_requests:
         short.append(f"{_count(reqs, what)}; at least {opts.min_requests} are needed")
     if need_seconds and secs < min_seconds:
+        each = " per entity (median)" if median else ""
         short.append(
-            f"{secs:,} s of traffic; at least {min_seconds} s ({opts.min_windows:g} quota windows of"
+            f"{secs:,} s of traffic{each}; at least {min_seconds} s ({opts.min_windows:g} quota windows of"
             f" {window_s:g} s) are needed"
         )
     return Evidence(reqs, secs, entities, "only " + " and ".join(short) if short else "")
@@ -247,7 +251,10 @@ def _byte_rates(b: _Builder, stats: Stats, opts: ProposeOptions) -> dict[str, di
             base, k, n = cover(ents["p99_bps"], opts.coverage)
             default = nice_bytes(base * opts.headroom)
             defaults.setdefault(level, {})[key] = default
-            ev = evidence(opts, ents["active_s"].sum(), n, _requests(ents))
+            # A default rests on typical entities: the median entity's seconds must be enough.
+            ev = evidence(
+                opts, ents["active_s"].median(), n, _requests(ents), need_requests=False, median=True
+            )
             written = level == opts.default_level and ev.enough
             if written:
                 b.set(_default_path(level), key, default)
@@ -291,7 +298,7 @@ def _byte_rates(b: _Builder, stats: Stats, opts: ProposeOptions) -> dict[str, di
                         note, written = "its (user, client-id) pairs all have overrides", False
                     elif opts.default_level != "client":
                         note, written = "client-id quotas never apply under a <default> user quota", False
-                ev = evidence(opts, float(r.active_s), 1, _requests_of(r))
+                ev = evidence(opts, float(r.active_s), 1, _requests_of(r), need_requests=False)
                 if written and not ev.enough:
                     note, written = ev.missing, False
                 if written and chosen >= opts.top_k:
@@ -327,7 +334,7 @@ def _topics(b: _Builder, stats: Stats, opts: ProposeOptions) -> None:
             continue
         base, k, n = cover(tr["partition_p99_max_bps"], opts.coverage)
         default = nice_bytes(base * opts.headroom)
-        ev = evidence(opts, tr["active_s"].sum(), n)
+        ev = evidence(opts, tr["active_s"].median(), n, median=True)
         if ev.enough:
             b.set(("topics", DEFAULT), alias, default)
         b.row(
@@ -415,7 +422,10 @@ def _mutations(b: _Builder, stats: Stats, opts: ProposeOptions) -> None:
         num = MAX_WINDOW_NUM
         rate = nice_up(burst / num, 2)
     # A rate is mutations over time: it rests on the requests seen, over the whole capture.
-    ev = evidence(opts, stats.span_s, n, ents["requests"].sum(), "mutation request", need_seconds=False)
+    # The rate rests on the well-behaved entities' requests (the abusive ones do not shape it).
+    ev = evidence(
+        opts, stats.span_s, len(good), good["requests"].sum(), "mutation request", need_seconds=False
+    )
     if ev.enough:
         b.set(_default_path(level), CONTROLLER_MUTATION_RATE, rate)
         b.quotas["controller_window"] = {"num": num, "size_seconds": 1.0}
@@ -474,7 +484,8 @@ def _producer_ids(b: _Builder, stats: Stats, opts: ProposeOptions) -> None:
         return
     base, k, n = cover(users["peak_ids_per_s"], opts.coverage)
     rate = nice_up(base * opts.headroom, 2)
-    ev = evidence(opts, stats.span_s, n, users["new_ids"].sum(), "new producer id", need_seconds=False)
+    covered = users[users["peak_ids_per_s"] <= base]  # a storm's ids do not shape the default
+    ev = evidence(opts, stats.span_s, k, covered["new_ids"].sum(), "new producer id", need_seconds=False)
     if ev.enough:
         b.set(("users", DEFAULT), PRODUCER_IDS_RATE, rate)
     b.row(
@@ -615,5 +626,7 @@ def propose(stats: Stats, opts: ProposeOptions | None = None, source: str = "") 
     body = yaml.safe_dump({"quotas": quotas}, sort_keys=False, default_flow_style=None, width=110)
     text = _header(stats, opts, defaults, source, b.rows) + body
     table = pd.DataFrame(b.rows, columns=TABLE_COLUMNS)
+    for column in ("requests", "seconds", "entities"):  # counts, blank where not counted (not 240.0)
+        table[column] = table[column].astype("Int64")
     _annotate(stats, cfg, opts)
     return Proposal(quotas=quotas, config=cfg, table=table, yaml=text)

@@ -112,6 +112,8 @@ OPTION_WORDS = {
     "controller_window_s": "controller quota window (s)",
     "sustained_window_s": "window of the sustained mutation rate (s)",
     "max_override_factor": "an override is at most this x the default",
+    "min_requests": "fewest mutation requests or new producer ids a value rests on",
+    "min_windows": "fewest 11 s quota windows of traffic a byte rate rests on",
 }
 
 BYTE_QUOTAS = {k for k, words in QUOTA_WORDS.items() if "bytes/s" in words}
@@ -757,10 +759,11 @@ def applies_to(row: Mapping[str, Any]) -> str:
 
 
 def evidence(row: Mapping[str, Any]) -> str:
-    """What a value rests on: '1 mutation request in 240 s from 1 user and client-id pair'."""
+    """What a value rests on: '1 mutation request over a 240 s capture from 1 user and client-id
+    pair'; '9,629 requests in a median 80 s of traffic each from 66 user and client-id pairs'."""
     parts = []
+    key = _text(row.get("key"))
     if not _missing(row.get("requests")):
-        key = _text(row.get("key"))
         # What was counted: new producer ids for their rate, mutation requests for the controller's.
         one, many = {
             "producer_ids_rate": ("new producer id", "new producer ids"),
@@ -768,10 +771,19 @@ def evidence(row: Mapping[str, Any]) -> str:
             "controller_window.num": ("mutation request", "mutation requests"),
         }.get(key, ("request", "requests"))
         parts.append(_plural(row["requests"], one, many))
+    many_entities = not _missing(row.get("entities")) and float(row["entities"]) > 1
     if not _missing(row.get("seconds")):
-        parts.append(f"in {fmt_num(row['seconds'])} s of traffic")
+        if key not in BYTE_QUOTAS:  # rates of events: counted over the whole capture
+            parts.append(f"over a {fmt_num(row['seconds'])} s capture")
+        elif many_entities:  # a default: the median entity's seconds
+            parts.append(f"in a median {fmt_num(row['seconds'])} s of traffic each")
+        else:
+            parts.append(f"in {fmt_num(row['seconds'])} s of traffic")
     if not _missing(row.get("entities")):
         level = _text(row.get("level"))
+        if level == "controller":  # the controller window rests on the admin clients' bursts
+            parts.append(f"from {_plural(row['entities'], 'admin client')}")
+            return " ".join(parts)
         one, many = {"user-client": ("user and client-id pair", "user and client-id pairs")}.get(
             level, (LEVEL_WORDS.get(level, level or "entity"), LEVEL_PLURAL.get(level, "entities"))
         )

@@ -8,8 +8,8 @@ Spark copies it to every executor and puts it on the workers' ``sys.path``. Code
 worker needs only the standard library, pyspark's own dependencies (pandas, pyarrow, numpy) and
 this zip: the quota config reaches it as plain attributes (``quota.plain_config``), not pydantic.
 
-The zip's name carries a hash of its contents, so shipping again into the same context is a no-op
-and a changed checkout is never mistaken for the one already shipped.
+The zip's name carries a hash of its contents: zips of different sources never share a name
+(Spark refuses a second file of one name in an application), and one application ships once.
 """
 
 from __future__ import annotations
@@ -36,10 +36,16 @@ def package_files() -> list[tuple[str, Path]]:
     """(name inside the zip, file) of every source file of the shipped packages, sorted."""
     files: list[tuple[str, Path]] = []
     for name in PACKAGES:
-        root = Path(importlib.import_module(name).__file__ or "").parent
-        for path in sorted(root.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-                files.append((f"{name}/{path.relative_to(root).as_posix()}", path))
+        init = importlib.import_module(name).__file__
+        if init is None or not Path(init).is_file():  # a namespace package, or imported from a zip
+            raise RuntimeError(f"cannot ship package {name!r}: it was not imported from source files")
+        root = Path(init).parent
+        found = [
+            path
+            for path in sorted(root.rglob("*"))
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+        ]
+        files += [(f"{name}/{path.relative_to(root).as_posix()}", path) for path in found]
     return files
 
 

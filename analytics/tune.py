@@ -183,9 +183,12 @@ def failure_line(exc: BaseException) -> str:
     exception is the first unindented line after the last Python traceback in its text.
     """
     lines = str(exc).strip().splitlines()
-    starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("Traceback (most recent call")]
+    marker = "Traceback (most recent call"
+    starts = [i for i, line in enumerate(lines) if marker in line]
     if starts:
-        indent = len(lines[starts[-1]]) - len(lines[starts[-1]].lstrip())
+        # The traceback may follow a prefix ("...PythonException: Traceback ..." in a Java error).
+        first = lines[starts[-1]]
+        indent = len(first) - len(first.lstrip())
         for line in lines[starts[-1] + 1 :]:
             if line.strip() and len(line) - len(line.lstrip()) <= indent:
                 return f"{line.strip()[:400]} (in a Spark Python worker)"

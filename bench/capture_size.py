@@ -7,7 +7,8 @@ fast as it goes; each phase gets a capture directory of its own (the proxy is re
 them, which closes its files), and the bytes of the finished Parquet files are divided by the
 records they hold. Prints the phases, then one JSON line:
 
-  capture_bytes_per_record_quiet   about 100 requests/s for 60 s
+  capture_bytes_per_record_quiet   bytes per capture record (one per request), about 100 requests/s
+                                   for 60 s
   capture_bytes_per_record_busy    1,000,000 records as fast as they go (bigger requests, fewer)
   records_quiet, records_busy      capture records (one per request, Produce and the rest)
 
@@ -41,8 +42,10 @@ def captured(directory: Path) -> tuple[int, int]:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in files), sum(f.stat().st_size for f in files)
 
 
-def phase(cluster: KafkaCluster, workdir: Path, name: str, records: int, rate: int, linger_ms: int) -> int:
-    """Run one phase through a capturing proxy; its capture's (records, bytes per record)."""
+def phase(
+    cluster: KafkaCluster, workdir: Path, name: str, records: int, rate: int, linger_ms: int
+) -> tuple[int, int]:
+    """Run one phase through a capturing proxy; its capture's (records, bytes)."""
     directory = workdir / name
     capture = {"enabled": True, "directory": str(directory), "instance": name}
     with ProxyProcess(gateway_config(cluster, capture=capture, log_level="WARNING")) as proxy:
@@ -53,7 +56,7 @@ def phase(cluster: KafkaCluster, workdir: Path, name: str, records: int, rate: i
         f"{size / count:.1f} bytes/record",
         flush=True,
     )
-    return count
+    return count, size
 
 
 def main() -> None:
@@ -65,8 +68,7 @@ def main() -> None:
             ("quiet", QUIET_RATE * QUIET_SECONDS, QUIET_RATE, 0),
             ("busy", BUSY_RECORDS, -1, 5),
         ):
-            count = phase(cluster, workdir, name, records, rate, linger)
-            size = captured(workdir / name)[1]
+            count, size = phase(cluster, workdir, name, records, rate, linger)
             figures[f"capture_bytes_per_record_{name}"] = round(size / count, 1)
             figures[f"records_{name}"] = count
     figures["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")

@@ -32,7 +32,7 @@ from quota.capture_schema import CAPTURE_FILE_SUFFIX, arrow_schema
 log = logging.getLogger(__name__)
 
 INPROGRESS = ".inprogress"
-DEFAULT_ROW_GROUP_RECORDS = 8192  # capture.batch_records's default
+DEFAULT_ROW_GROUP_RECORDS: int = CaptureConfig.model_fields["batch_records"].default
 Row = tuple[Any, ...]  # values in quota.capture_schema.FIELD_NAMES order
 
 
@@ -114,8 +114,10 @@ class CaptureFiles:
             self._write_group(group)
             assert self._path is not None
             if os.path.getsize(self._path) >= self.max_file_bytes:
+                rest, self._pending = self._pending, []  # for the next file, not this full one
                 self.close()
-                if self._pending:
+                self._pending = rest
+                if rest:
                     self._open()
 
     def _write_group(self, rows: Sequence[Row]) -> None:

@@ -469,6 +469,18 @@ def test_too_little_evidence_is_not_written() -> None:
     assert enough.quotas["controller_window"]["num"] >= 11
 
 
+def test_a_default_rests_on_typical_entities() -> None:
+    """Forty clients seen for one second each are no basis for a default, however many they are:
+    the median entity's seconds count, not their sum."""
+    rates = _rates([("user-client", "u", f"c{i}", "produce", 1000.0 + i) for i in range(40)])
+    rates["active_s"] = 1
+    proposal = propose(_stats(rates), ProposeOptions())
+    assert DEFAULT not in proposal.config.users
+    row = proposal.table[(proposal.table["kind"] == "default") & (proposal.table["level"] == "user-client")]
+    assert row.iloc[0]["seconds"] == 1 and row.iloc[0]["entities"] == 40 and not row.iloc[0]["written"]
+    assert row.iloc[0]["note"].startswith("only 1 s of traffic per entity (median); at least 33 s")
+
+
 def test_bad_options_are_refused(captures: tuple[Path, GeneratedTruth], tmp_path: Path, capsys: Any) -> None:
     for bad in (["--coverage", "0"], ["--headroom", "0.5"], ["--top-k", "-1"]):
         assert main(["--input", str(captures[0]), "--output", str(tmp_path / "o"), *bad]) == 2
@@ -497,3 +509,23 @@ def test_a_python_worker_failure_is_named(
     worker = "ModuleNotFoundError: No module named 'quota' (in a Spark Python worker)"
     assert last == f"tune: failed: {worker}; nothing written"
     assert not out.exists()
+
+
+def test_a_worker_traceback_inside_a_java_error_is_named() -> None:
+    """A Java-side error (Py4JJavaError) carries the worker's traceback after a prefix."""
+    from analytics.tune import failure_line
+
+    text = (
+        "An error occurred while calling o123.collectToPython.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: ...\n"
+        "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+        '  File "/work/pyspark/worker.py", line 1, in main\n'
+        "    import quota\n"
+        "ModuleNotFoundError: No module named 'quota'\n"
+        "\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(PythonRunner.scala:1)\n"
+    )
+    assert failure_line(RuntimeError(text)) == (
+        "ModuleNotFoundError: No module named 'quota' (in a Spark Python worker)"
+    )
+    assert failure_line(ValueError("bad\nmore")) == "ValueError: bad"

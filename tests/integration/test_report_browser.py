@@ -13,11 +13,11 @@ had the test fails in CI (CI set) and is skipped elsewhere, saying why.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -99,11 +99,10 @@ def _browse(chromium: str, page: Path, profile: Path) -> dict[str, Any]:
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     found = re.search(r'<pre id="kthrottle-check">(.*?)</pre>', done.stdout, re.S)
     assert found, f"the check did not run (exit {done.returncode}): {done.stderr[-1000:]}"
-    return dict(json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&")))
+    return dict(json.loads(html.unescape(found.group(1))))
 
 
 def test_every_plot_decodes_and_shows_data(chromium: str, tmp_path: Path) -> None:
-    began = time.monotonic()
     report = tmp_path / "report.html"
     write_report(report, busy_tables(), "quotas: {}\n", {"records": 60_000})
     text = report.read_text(encoding="utf-8")
@@ -119,4 +118,3 @@ def test_every_plot_decodes_and_shows_data(chromium: str, tmp_path: Path) -> Non
         assert fig["width"] > 300 and fig["height"] > 100, f"laid out too small: {fig}"
         assert fig["points"] > 0, f"a plot of nothing: {fig}"
         assert fig["coloured"] >= MIN_COLOURED_PIXELS, f"axes without data: {fig}"
-    assert time.monotonic() - began < 30

@@ -109,3 +109,27 @@ def test_small_batches_share_row_groups(tmp_path: Path) -> None:
         f"{one_group_per_flush.stat().st_size / 2500:.1f} one row group per flush"
     )
     assert path.stat().st_size * 3 < one_group_per_flush.stat().st_size
+
+
+def test_pending_rows_reach_a_file_on_every_roll(tmp_path: Path) -> None:
+    """Rows gathered for a row group are written when the file rolls by size (the rest open the
+    next file), by time and at close; a failed file loses only its own rows."""
+    now = [0.0]
+    files = CaptureFiles(tmp_path, "p1", 8 * 1024, 60.0, clock=lambda: now[0], row_group_records=500)
+    for batch in range(60):  # 6,000 rows: several row groups, each file full after about one
+        files.write([_row(batch * 100 + i) for i in range(100)])
+    files.write([_row(6000 + i) for i in range(7)])  # a few pending when the time is up
+    now[0] = 61.0
+    files.roll_if_due()
+    assert files.path is None
+    files.write([_row(7000 + i) for i in range(3)])
+    files.close()
+    written = sorted(r["ts_ms"] - 1_700_000_000_000 for r in _rows(tmp_path))
+    assert written == [*range(6007), 7000, 7001, 7002]
+    assert len(list(tmp_path.glob("*.parquet"))) > 3 and not list(tmp_path.glob(f"*{INPROGRESS}"))
+
+    files.write([_row(9000)])
+    files.abandon(delete=True)  # a failed write: this file's rows are lost, no others
+    files.write([_row(9001)])
+    files.close()
+    assert sorted(r["ts_ms"] - 1_700_000_000_000 for r in _rows(tmp_path))[-2:] == [7002, 9001]

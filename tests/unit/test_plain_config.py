@@ -43,16 +43,16 @@ def test_resolves_every_entity_and_window_as_the_model_does() -> None:
 
 
 def test_an_executor_without_pydantic_runs_the_engines_on_it() -> None:
-    """Unpickled and used in a Python where pydantic (and the proxy's other dependencies) cannot
-    be imported, as on a Spark worker that has only pyspark's own."""
+    """Unpickled and used by the replay (all four quota engines) in a Python where pydantic and
+    PyYAML cannot be imported, as on a Spark worker that has only pyspark's own dependencies."""
     script = (
         "import pickle, sys\n"
         "for name in ('pydantic', 'pydantic_core', 'yaml'):\n"
         "    sys.modules[name] = None\n"
-        "from quota.manager import ByteRateQuotas\n"
+        "from analytics.replay import _Replayer\n"
         "cfg = pickle.loads(sys.stdin.buffer.read())\n"
-        "quotas = ByteRateQuotas(cfg, produce=True, now_ms=0.0)\n"
-        "print(quotas.window.num, quotas.topic_quota('orders'))\n"
+        "replayer = _Replayer(cfg, 0.0, True, {})\n"
+        "print(replayer.produce.window.num, replayer.produce.topic_quota('orders'))\n"
     )
     ran = subprocess.run(
         [sys.executable, "-c", script],

@@ -285,7 +285,7 @@ def test_values_not_written_say_why_and_every_value_its_evidence(proxy_page: str
     assert "1 proposed value written to quotas.yaml; 1 left out" in text
     assert "Left out of quotas.yaml, and why" in text
     assert f'<td class="t why">{NOT_WRITTEN}</td>' in proxy_page
-    assert "1 mutation request in 240 s of traffic from 1 user and client-id pair" in text
+    assert "1 mutation request over a 240 s capture from 1 user and client-id pair" in text
     assert "2,400 requests in 230 s of traffic from 1 user and client-id pair" in text
     assert "produce bytes/s (producer_byte_rate)" in text and "234.4 KiB/s (240,000)" in text
 
