@@ -7,6 +7,17 @@
 #
 # The config is mounted at /etc/kthrottle/kthrottle.yaml (quotas_file, if any, beside it),
 # certificates under /etc/kthrottle/tls. SIGTERM drains (drain_seconds), then the process exits.
+#
+# The default image is the proxy's runtime only. Capture to files (Parquet, pyarrow: about 170 MB)
+# is an extra:  --build-arg KTHROTTLE_EXTRAS=capture
+#
+# Behind a TLS-inspecting proxy or with a private package index (BuildKit, or buildah/podman):
+#   --secret id=pip_ca,src=corporate-ca.pem    a CA bundle pip trusts (PIP_CERT)
+#   --secret id=pip_conf,src=pip.conf          a pip config, e.g. an index URL with credentials
+#   --build-arg PIP_INDEX_URL=https://pypi.example/simple   (and PIP_EXTRA_INDEX_URL): URLs without
+#       credentials only, since build arguments stay in the builder stage's history
+# Secrets are mounted for the RUN steps that need them and never stored in a layer; the final
+# stage has no pip configuration at all.
 
 ARG PYTHON_VERSION=3.11.14
 ARG DEBIAN_RELEASE=bookworm
@@ -15,10 +26,21 @@ ARG DEBIAN_RELEASE=bookworm
 FROM python:${PYTHON_VERSION}-${DEBIAN_RELEASE} AS builder
 ARG PIP_VERSION=25.3
 ARG SETUPTOOLS_VERSION=80.9.0
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG KTHROTTLE_EXTRAS=""
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /src
-RUN python -m venv /opt/kthrottle \
+# pip_env: the CA bundle and pip config, when given as secrets (see the header).
+RUN printf '%s\n' \
+        '[ -f /run/secrets/pip_ca ] && export PIP_CERT=/run/secrets/pip_ca' \
+        '[ -f /run/secrets/pip_conf ] && export PIP_CONFIG_FILE=/run/secrets/pip_conf' \
+        'true' > /usr/local/bin/pip_env
+RUN --mount=type=secret,id=pip_ca --mount=type=secret,id=pip_conf \
+    source /usr/local/bin/pip_env \
+    && python -m venv /opt/kthrottle \
     && /opt/kthrottle/bin/pip install "pip==${PIP_VERSION}" \
     && python -m pip install "pip==${PIP_VERSION}" "setuptools==${SETUPTOOLS_VERSION}"
 COPY pyproject.toml README.md ./
@@ -28,8 +50,11 @@ COPY proxy ./proxy
 COPY analytics ./analytics
 # A wheel of the project, then the project and its runtime dependencies (uvloop among them) into
 # the venv that the final stage copies; pip byte-compiles, so the read-only image never writes .pyc.
-RUN python -m pip wheel --no-deps --no-build-isolation --wheel-dir /wheels . \
-    && /opt/kthrottle/bin/pip install /wheels/kthrottle-*.whl \
+RUN --mount=type=secret,id=pip_ca --mount=type=secret,id=pip_conf \
+    source /usr/local/bin/pip_env \
+    && python -m pip wheel --no-deps --no-build-isolation --wheel-dir /wheels . \
+    && wheel=$(echo /wheels/kthrottle-*.whl) \
+    && /opt/kthrottle/bin/pip install "${wheel}${KTHROTTLE_EXTRAS:+[${KTHROTTLE_EXTRAS}]}" \
     && /opt/kthrottle/bin/python -c "import uvloop, proxy.cli" \
     && /opt/kthrottle/bin/pip uninstall -y pip
 

@@ -100,9 +100,16 @@ def check_config(path: Path, cfg: ProxyConfig) -> int:
 
 def capture_export(args: argparse.Namespace) -> int:
     """`kthrottle capture-export`: exit 0 when done, 2 when refused (nothing written then)."""
+    from proxy.config import PARQUET_MISSING, capture_bootstrap, parquet_available
+
+    if not parquet_available():
+        print(
+            f"kthrottle: capture-export: {PARQUET_MISSING.replace('use sink: kafka', 'run it elsewhere')}",
+            file=sys.stderr,
+        )
+        return 2
     from proxy.capture_export import ExportError, export
     from proxy.capture_kafka import security
-    from proxy.config import capture_bootstrap
 
     logging.basicConfig(
         level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr

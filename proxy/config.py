@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -302,6 +303,24 @@ class CaptureConfig(Strict):
     queue_records: int = Field(200_000, ge=1000, le=10_000_000)  # past this, records are dropped
     batch_records: int = Field(8192, ge=16, le=1_000_000)  # records a Parquet row group holds
     flush_seconds: float = Field(1.0, gt=0, le=60)
+
+    @model_validator(mode="after")
+    def _files_need_pyarrow(self) -> CaptureConfig:
+        if self.enabled and self.sink == "files" and not parquet_available():
+            raise ValueError(PARQUET_MISSING)
+        return self
+
+
+PARQUET_MISSING = (
+    "capture to files writes Parquet, which needs pyarrow, and this installation has none: install "
+    "kthrottle[capture] (the container image: build it with --build-arg KTHROTTLE_EXTRAS=capture), or "
+    "use sink: kafka"
+)
+
+
+def parquet_available() -> bool:
+    """Whether pyarrow can be imported: the lean install (and image) leaves it out."""
+    return importlib.util.find_spec("pyarrow") is not None
 
 
 class ExchangeConfig(Strict):

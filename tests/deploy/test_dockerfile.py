@@ -306,3 +306,23 @@ def test_healthcheck_and_stop_signal_against_a_running_proxy(dockerfile: Parsed,
             proc.kill()
             proc.wait(timeout=30)
         log.close()
+
+
+def test_build_inputs_for_private_indexes_and_the_lean_default(dockerfile: Parsed) -> None:
+    """Every pip step can trust a CA bundle and read a pip config given as BuildKit secrets (never
+    stored in a layer); index URLs are build args; pyarrow is an extra the default build leaves out."""
+    _, stages = dockerfile
+    builder, final = stages[0], stages[-1]
+    assert {"PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL"} <= {a.partition("=")[0] for a in builder.args_of("ARG")}
+    assert 'KTHROTTLE_EXTRAS=""' in builder.args_of("ARG")
+    pip_steps = [run for run in builder.args_of("RUN") if "pip install" in run]
+    assert len(pip_steps) == 2
+    for run in pip_steps:
+        assert "--mount=type=secret,id=pip_ca" in run and "--mount=type=secret,id=pip_conf" in run, run
+        assert "source /usr/local/bin/pip_env" in run, run
+    assert "${KTHROTTLE_EXTRAS:+[${KTHROTTLE_EXTRAS}]}" in pip_steps[-1]
+    assert not any("pip" in run for run in final.args_of("RUN"))  # no pip config reaches the image
+    with open(REPO / "pyproject.toml", "rb") as fh:
+        project = tomllib.load(fh)["project"]
+    assert not any(dep.startswith("pyarrow") for dep in project["dependencies"])
+    assert any(dep.startswith("pyarrow") for dep in project["optional-dependencies"]["capture"])
