@@ -293,7 +293,8 @@ def test_quota_changes_do_not_restart_pods_but_main_config_changes_roll_the_gate
     before = find(base, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     after = find(new_config, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     assert before != after
-    assert pod_spec(find(new_config, "Deployment"))["terminationGracePeriodSeconds"] == 55
+    # The 5 s preStop pause, drain_seconds, and 10 s to exit.
+    assert pod_spec(find(new_config, "Deployment"))["terminationGracePeriodSeconds"] == 5 + 45 + 10
 
 
 def test_pod_disruption_budget_selects_the_gateway_pods(rendered: dict[str, list[dict[str, Any]]]) -> None:

@@ -67,8 +67,42 @@ app.kubernetes.io/component: kafka-broker
 {{- end -}}
 {{- end -}}
 
+{{/* repository@digest when image.digest is set, else repository:tag (default: appVersion). */}}
 {{- define "kthrottle.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The gateway pod's grace period: the preStop pause, then SIGTERM and drain_seconds (the
+     proxy's default 10 when the config leaves it out; rounded up), and 10 s to exit. */}}
+{{- define "kthrottle.terminationGracePeriodSeconds" -}}
+{{- $drain := 10.0 -}}
+{{- if hasKey (.Values.config | default dict) "drain_seconds" -}}
+{{- $drain = float64 .Values.config.drain_seconds -}}
+{{- end -}}
+{{- add (int .Values.gateway.preStopSleepSeconds) (int (ceil $drain)) 10 -}}
+{{- end -}}
+
+{{/* The gateway's topology spread: gateway.topologySpreadConstraints as given, else one soft
+     constraint per gateway.topologySpread.topologyKeys entry; empty when disabled. */}}
+{{- define "kthrottle.topologySpreadConstraints" -}}
+{{- $ts := .Values.gateway.topologySpread -}}
+{{- if .Values.gateway.topologySpreadConstraints -}}
+{{ toYaml .Values.gateway.topologySpreadConstraints }}
+{{- else if $ts.enabled -}}
+{{- range $key := $ts.topologyKeys }}
+- maxSkew: {{ $ts.maxSkew }}
+  topologyKey: {{ $key }}
+  whenUnsatisfiable: {{ $ts.whenUnsatisfiable }}
+  labelSelector:
+    matchLabels:
+      {{- include "kthrottle.selectorLabels" $ | nindent 6 }}
+  matchLabelKeys: [pod-template-hash]
+{{- end }}
+{{- end -}}
 {{- end -}}
 
 {{/* Gateway broker ports: a list of {id, port}, one per configured broker node id. */}}
@@ -210,6 +244,9 @@ app.kubernetes.io/component: kafka-broker
 - name: kthrottle-data
   emptyDir:
     sizeLimit: {{ .Values.dataVolume.sizeLimit }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{- define "kthrottle.probe" -}}
@@ -231,6 +268,9 @@ args: ["run", "--config", "/etc/kthrottle/kthrottle.yaml"]
 env:
   - name: KTHROTTLE_ADMIN_PORT
     value: {{ .Values.admin.port | quote }}
+  {{- with .Values.extraEnv }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
 ports:
 {{- if eq .Values.mode "gateway" }}
   - {name: kafka, containerPort: {{ .Values.gateway.bootstrapPort }}, protocol: TCP}
@@ -243,10 +283,23 @@ ports:
   - {name: kafka, containerPort: {{ .Values.sidecar.listenPort }}, protocol: TCP}
 {{- end }}
   - {name: admin, containerPort: {{ .Values.admin.port }}, protocol: TCP}
+{{- if .Values.probes.startup.enabled }}
+startupProbe:
+  {{- include "kthrottle.probe" (dict "path" .Values.probes.startup.path "p" .Values.probes.startup) | nindent 2 }}
+{{- end }}
 livenessProbe:
   {{- include "kthrottle.probe" (dict "path" "/healthz" "p" .Values.probes.liveness) | nindent 2 }}
 readinessProbe:
   {{- include "kthrottle.probe" (dict "path" "/readyz" "p" .Values.probes.readiness) | nindent 2 }}
+{{- /* Gateway only: a native sidecar is stopped after the broker container has exited, when
+       no client is connected to it any more, so a pause would only delay the pod's end. */}}
+{{- if and (eq .Values.mode "gateway") (gt (int .Values.gateway.preStopSleepSeconds) 0) }}
+lifecycle:
+  preStop:
+    exec:
+      # The image has no shell: its python sleeps while the endpoints stop routing to the pod.
+      command: ["python", "-c", "import time; time.sleep({{ int .Values.gateway.preStopSleepSeconds }})"]
+{{- end }}
 resources:
   {{- toYaml .Values.resources | nindent 2 }}
 securityContext:
@@ -255,6 +308,9 @@ volumeMounts:
   - {name: kthrottle-config, mountPath: /etc/kthrottle, readOnly: true}
   - {name: kthrottle-tmp, mountPath: /tmp}
   - {name: kthrottle-data, mountPath: /var/lib/kthrottle}
+  {{- with .Values.extraVolumeMounts }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
 {{- end -}}
 
 {{/* The sidecar for a broker pod: put it under the StatefulSet's initContainers. With
@@ -283,4 +339,42 @@ prometheus.io/path: /metrics
 {{- with .Values.podAnnotations }}
 {{ toYaml . }}
 {{- end }}
+{{- end -}}
+
+{{/* What `helm test` checks: {bootstrap, readyz, serverName, reason}; reason, when not empty,
+     says why the test Pod is not rendered. */}}
+{{- define "kthrottle.helmTestTargets" -}}
+{{- $t := .Values.helmTest -}}
+{{- $ns := .Release.Namespace -}}
+{{- $bootstrap := $t.bootstrapServer -}}
+{{- if not $bootstrap -}}
+{{- if eq .Values.mode "gateway" -}}
+{{- $bootstrap = printf "%s.%s.svc:%d" (include "kthrottle.fullname" .) $ns (int .Values.gateway.bootstrapPort) -}}
+{{- else if .Values.sidecar.exampleStatefulSet.enabled -}}
+{{- $bootstrap = printf "%s.%s.svc:%d" (include "kthrottle.kafkaName" .) $ns (int .Values.sidecar.listenPort) -}}
+{{- end -}}
+{{- end -}}
+{{- $readyz := $t.readyzUrl -}}
+{{- if and (not $readyz) .Values.metrics.service.enabled -}}
+{{- $readyz = printf "http://%s-metrics.%s.svc:%d/readyz" (include "kthrottle.fullname" .) $ns (int .Values.admin.port) -}}
+{{- end -}}
+{{- $serverName := $t.tls.serverName -}}
+{{- if and (not $serverName) .Values.tls.enabled -}}
+{{- if and (eq .Values.mode "gateway") .Values.gateway.sni.enabled -}}
+{{- $serverName = .Values.gateway.sni.bootstrapHost -}}
+{{- else if eq .Values.mode "gateway" -}}
+{{- $serverName = include "kthrottle.advertisedHost" . -}}
+{{- end -}}
+{{- end -}}
+{{- $reason := "" -}}
+{{- if not $t.enabled -}}
+{{- $reason = "helmTest.enabled is false" -}}
+{{- else if not $bootstrap -}}
+{{- $reason = "set helmTest.bootstrapServer (no client Service of the chart to test)" -}}
+{{- else if not $readyz -}}
+{{- $reason = "set helmTest.readyzUrl (metrics.service.enabled is false)" -}}
+{{- else if and .Values.tls.enabled (eq .Values.tls.clientAuth "required") (not $t.tls.secretName) -}}
+{{- $reason = "set helmTest.tls.secretName (a client certificate: tls.clientAuth is required)" -}}
+{{- end -}}
+{{- toJson (dict "bootstrap" $bootstrap "readyz" $readyz "serverName" $serverName "reason" $reason) -}}
 {{- end -}}
