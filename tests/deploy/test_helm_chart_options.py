@@ -236,6 +236,8 @@ def test_helm_test_pod_is_a_locked_down_test_hook(renders: dict[str, list[dict[s
         pod = hook_pod(docs)
         assert pod is not None, name
         assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+        # Not deleted on success: `helm test --logs` reads its output afterwards.
+        assert pod["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == "before-hook-creation"
         spec = pod["spec"]
         assert spec["restartPolicy"] == "Never" and spec["automountServiceAccountToken"] is False
         assert spec["activeDeadlineSeconds"] > 60
