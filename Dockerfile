@@ -39,7 +39,7 @@ RUN printf '%s\n' \
         '[ -f /run/secrets/pip_conf ] && export PIP_CONFIG_FILE=/run/secrets/pip_conf' \
         'true' > /usr/local/bin/pip_env
 RUN --mount=type=secret,id=pip_ca --mount=type=secret,id=pip_conf \
-    source /usr/local/bin/pip_env \
+    . /usr/local/bin/pip_env \
     && python -m venv /opt/kthrottle \
     && /opt/kthrottle/bin/pip install "pip==${PIP_VERSION}" \
     && python -m pip install "pip==${PIP_VERSION}" "setuptools==${SETUPTOOLS_VERSION}"
@@ -51,7 +51,7 @@ COPY analytics ./analytics
 # A wheel of the project, then the project and its runtime dependencies (uvloop among them) into
 # the venv that the final stage copies; pip byte-compiles, so the read-only image never writes .pyc.
 RUN --mount=type=secret,id=pip_ca --mount=type=secret,id=pip_conf \
-    source /usr/local/bin/pip_env \
+    . /usr/local/bin/pip_env \
     && python -m pip wheel --no-deps --no-build-isolation --wheel-dir /wheels . \
     && wheel=$(echo /wheels/kthrottle-*.whl) \
     && /opt/kthrottle/bin/pip install "${wheel}${KTHROTTLE_EXTRAS:+[${KTHROTTLE_EXTRAS}]}" \

@@ -21,4 +21,16 @@ echo "== mypy" >&2
 mypy
 echo "== ruff + mypy took $((SECONDS - lint_began)) s" >&2
 echo "== pytest (the 25 slowest tests are listed at the end)" >&2
-exec python -m pytest -p no:cacheprovider -q -ra --durations=25 "$@"
+status=0
+python -m pytest -p no:cacheprovider -q -ra --durations=25 --ignore=tests/image "$@" || status=$?
+if [ "$status" != 0 ] || [ $# -gt 0 ]; then
+  exit "$status"   # a failure, or a developer's selection: the image step is for the whole run
+fi
+
+# The container image: built by dev/image.sh (base images made with debootstrap where no registry
+# answers; cached under the project cache) and run for real. Its own step, outside the pytest
+# budget above.
+image_began=$SECONDS
+echo "== container image (dev/image.sh, tests/image)" >&2
+python -m pytest -p no:cacheprovider -q -ra -s tests/image
+echo "== container image step took $((SECONDS - image_began)) s" >&2

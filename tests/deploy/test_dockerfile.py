@@ -319,7 +319,7 @@ def test_build_inputs_for_private_indexes_and_the_lean_default(dockerfile: Parse
     assert len(pip_steps) == 2
     for run in pip_steps:
         assert "--mount=type=secret,id=pip_ca" in run and "--mount=type=secret,id=pip_conf" in run, run
-        assert "source /usr/local/bin/pip_env" in run, run
+        assert ". /usr/local/bin/pip_env" in run, run
     assert "${KTHROTTLE_EXTRAS:+[${KTHROTTLE_EXTRAS}]}" in pip_steps[-1]
     assert not any("pip" in run for run in final.args_of("RUN"))  # no pip config reaches the image
     with open(REPO / "pyproject.toml", "rb") as fh:
