@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,9 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from analytics.generate import GeneratedTruth, generate
 from analytics.session import build_session
 from analytics.tune import main as tune
-from dev.spark_cluster import SparkStandalone, executor_python
-
-REPO = Path(__file__).resolve().parent.parent
+from dev.spark_cluster import SparkStandalone, executor_python, submit_tune
 
 TARGET = 250_000
 CORES = 2
@@ -90,33 +87,9 @@ def on_cluster(inp: Path, out: Path, extra: list[str], cores: int) -> tuple[floa
     python = executor_python(out / "cluster-python")
     with SparkStandalone(workers=1, cores=cores, memory="4g") as cluster:
         log(f"standalone cluster {cluster.master_url}: 1 worker, {cores} cores")
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON")}
-        submit = subprocess.run(
-            [
-                str(Path(sys.executable).parent / "spark-submit"),
-                "--master",
-                cluster.master_url,
-                "--conf",
-                f"spark.pyspark.driver.python={sys.executable}",
-                "--conf",
-                f"spark.pyspark.python={python}",
-                "--conf",
-                "spark.executor.memory=3g",
-                "--driver-memory",
-                "2g",
-                str(REPO / "analytics" / "tune.py"),
-                "--input",
-                str(inp),
-                "--output",
-                str(out / "cluster"),
-                *extra,
-            ],
-            cwd=out,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
+        memory = ("--conf", "spark.executor.memory=3g", "--driver-memory", "2g")
+        tune_args = ["--input", str(inp), "--output", str(out / "cluster"), *extra]
+        submit = submit_tune(cluster.master_url, python, tune_args, out, memory)
     if submit.returncode != 0:
         raise SystemExit(f"tune_scale: the job failed on the cluster: {submit.stdout.strip()[-2000:]}")
     meta = json.loads((out / "cluster" / "meta.json").read_text())

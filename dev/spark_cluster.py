@@ -87,6 +87,41 @@ def executor_python(directory: Path) -> Path:
     return python
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
+def submit_tune(
+    master: str,
+    executor: Path,
+    tune_args: list[str],
+    cwd: Path,
+    spark_args: tuple[str, ...] = (),
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """The README's spark-submit line for the tuning job: the driver on this Python, the executors
+    on ``executor``, from ``cwd``, with no PYTHONPATH. spark-submit passes the Python driver's
+    stderr to its stdout, so the job's own lines are in ``stdout`` (Spark's log is dropped)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON")}
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    return subprocess.run(
+        [
+            str(Path(sys.executable).parent / "spark-submit"),
+            *("--master", master),
+            *("--conf", f"spark.pyspark.driver.python={sys.executable}"),
+            *("--conf", f"spark.pyspark.python={executor}"),
+            *spark_args,
+            str(REPO / "analytics" / "tune.py"),
+            *tune_args,
+        ],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        timeout=timeout,
+    )
+
+
 class SparkStandalone:
     """A standalone master and ``workers`` workers of ``cores`` cores each, on 127.0.0.1."""
 

@@ -128,6 +128,7 @@ def test_image_runs_read_only_non_root_and_drains_on_sigterm(
     from confluent_kafka import Consumer, Producer
 
     engine, name, cfg = container
+    run_args = image[1]
     admin_port = cfg["admin"]["port"]  # type: ignore[index]
     gateway = cfg["gateway"]
     bootstrap = f"127.0.0.1:{gateway['bootstrap_port']}"  # type: ignore[index]
@@ -184,6 +185,23 @@ def test_image_runs_read_only_non_root_and_drains_on_sigterm(
                 got.append(msg.value())
     consumer.close()
     assert sorted(got) == sorted(sent)
+
+    # The chart's `helm test` Pod: its script, as its command runs it, in this image, locked down.
+    script = (REPO / "helm" / "kthrottle" / "files" / "helm_test.py").read_text()
+    helm_test = subprocess.run(
+        [
+            *(engine, "run", "--rm", "--network", "host", "--read-only", "--user", f"{UID}:{UID}"),
+            *("--cap-drop", "ALL", *run_args, "--entrypoint", "python"),
+            *("-e", f"KTHROTTLE_TEST_BOOTSTRAP={bootstrap}"),
+            *("-e", f"KTHROTTLE_TEST_READYZ_URL=http://127.0.0.1:{admin_port}/readyz"),
+            *("-e", "KTHROTTLE_TEST_TLS=false", "-e", "KTHROTTLE_TEST_TIMEOUT=30"),
+            *(TAG, "-c", script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert helm_test.returncode == 0, helm_test.stdout + helm_test.stderr
 
     # SIGTERM while a producer has requests in flight: the acknowledged ones are all in the topic,
     # no client sees an error before the drain ends, and the process exits 0.

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -30,7 +29,9 @@ from quota.config import QuotaConfig
 pytestmark = pytest.mark.integration
 
 KiB = 1024
-REPO = Path(__file__).resolve().parents[2]
+# The capture is 15 s of traffic: enough for one 11 s quota window, not the default 3 (the job
+# would rightly write no byte rate from so little); the loop, not the evidence rule, is tested here.
+TUNE_OPTIONS = ["--master", "local[*]", "--min-windows", "1"]
 
 
 def captured(directory: Path) -> list[dict[str, Any]]:
@@ -128,7 +129,7 @@ def tuned(kafka_broker: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) 
 
     out = tmp_path / "tuned"
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    assert tune(["--input", str(capture_dir), "--output", str(out), "--master", "local[*]", "--quiet"]) == 0
+    assert tune(["--input", str(capture_dir), "--output", str(out), *TUNE_OPTIONS, "--quiet"]) == 0
     return Tuned(topic, steady, capture_dir, out)
 
 
@@ -218,41 +219,19 @@ def test_spark_submit_on_a_standalone_cluster(tuned: Tuned, tmp_path: Path) -> N
     PYTHONPATH, on a real standalone master and worker whose Python has pyspark's own
     dependencies and nothing of this project: the job ships its packages to the executors, the
     replay runs there, and the proposal is the one local[*] made."""
-    from dev.spark_cluster import SparkStandalone, executor_python
+    from dev.spark_cluster import SparkStandalone, executor_python, submit_tune
 
     cluster_python = executor_python(tmp_path / "cluster-python")
     for module, present in (("pandas", True), ("pyarrow", True), ("pydantic", False), ("quota", False)):
-        found = subprocess.run(
-            [str(cluster_python), "-c", f"import {module}"], cwd=tmp_path, env={}
-        ).returncode
+        probe = [str(cluster_python), "-c", f"import {module}"]
+        found = subprocess.run(probe, cwd=tmp_path, env={}, capture_output=True).returncode
         assert (found == 0) == present, f"the cluster's Python {'lacks' if present else 'has'} {module}"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON")}
-    env["SPARK_LOCAL_IP"] = "127.0.0.1"
     out = tmp_path / "tuned-on-cluster"
     with SparkStandalone(workers=1, cores=1) as cluster:
-        submit = subprocess.run(
-            [
-                str(Path(sys.executable).parent / "spark-submit"),
-                "--master",
-                cluster.master_url,
-                "--conf",
-                f"spark.pyspark.driver.python={sys.executable}",
-                "--conf",
-                f"spark.pyspark.python={cluster_python}",
-                str(REPO / "analytics" / "tune.py"),
-                "--input",
-                str(tuned.capture),
-                "--output",
-                str(out),
-            ],
-            cwd=elsewhere,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
+        tune_args = ["--input", str(tuned.capture), "--output", str(out), *TUNE_OPTIONS[2:]]
+        submit = submit_tune(cluster.master_url, cluster_python, tune_args, elsewhere, timeout=240)
     # spark-submit passes the Python driver's stderr to its stdout: the job's lines are there
     last = submit.stdout.strip().splitlines()[-1:]
     assert submit.returncode == 0, f"spark-submit failed: {last}\n{submit.stdout[-4000:]}"
