@@ -52,6 +52,13 @@ def sidecar_config(cluster: KafkaCluster, node_id: int = 1, **overrides: Any) ->
     return cfg
 
 
+def _connect_host(host: str) -> str:
+    """Where to connect to reach a socket bound to ``host``: loopback for a wildcard, IPv6 bracketed."""
+    if host in ("", "0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
 class ProxyProcess:
     """``kthrottle run`` in a subprocess; ready once it has written its bound ports."""
 
@@ -107,8 +114,15 @@ class ProxyProcess:
 
     @property
     def bootstrap(self) -> str:
+        """This process's own bootstrap (or sidecar) listener, at its ``bind_host``."""
         port = self.ports.get("bootstrap") or self.ports.get("sidecar")
-        return f"127.0.0.1:{port}"
+        return f"{_connect_host(self.config.get('bind_host', '127.0.0.1'))}:{port}"
+
+    @property
+    def admin_url(self) -> str:
+        """The admin HTTP server, at the config's ``admin.host`` (127.0.0.1 by default)."""
+        host = _connect_host(self.config.get("admin", {}).get("host", "127.0.0.1"))
+        return f"http://{host}:{self.admin_port}"
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM (drain), then SIGKILL after ``timeout``; returns the exit code."""
@@ -125,6 +139,17 @@ class ProxyProcess:
         self.proc = None
         return code
 
+    def kill(self) -> int | None:
+        """SIGKILL, no drain (a crash, an OOM kill); ``start`` runs it again with the same config."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        code = self.proc.returncode
+        self.proc = None
+        return code
+
     def log_tail(self, lines: int = 60) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -135,7 +160,7 @@ class ProxyProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def admin_get(self, path: str) -> tuple[int, str]:
-        url = f"http://127.0.0.1:{self.admin_port}{path}"
+        url = f"{self.admin_url}{path}"
         try:
             with urllib.request.urlopen(url, timeout=5) as resp:
                 return resp.status, resp.read().decode()

@@ -12,7 +12,10 @@ export KTHROTTLE_QUICK_TOOLS=1   # Kafka's Java tools start with C1 only (dev/ha
 # The report's browser check needs Chromium: installed here (Debian's package, when missing), so
 # the download does not count against the test run's time.
 bash dev/chromium.sh >/dev/null || echo "setup: no Chromium; test_report_browser.py will say why" >&2
-echo "== setup took $((SECONDS - setup_began)) s (virtualenv, Kafka jars, helm, Chromium; cached after the first run)" >&2
+# The load-balancer tests (replicas behind a real TCP load balancer, the PROXY protocol) need
+# haproxy: Debian's package, installed the same way.
+bash dev/haproxy.sh >/dev/null || echo "setup: no haproxy; the load-balancer tests will say why" >&2
+echo "== setup took $((SECONDS - setup_began)) s (virtualenv, Kafka jars, helm, Chromium, haproxy; cached after the first run)" >&2
 
 lint_began=$SECONDS
 echo "== ruff" >&2
