@@ -358,6 +358,8 @@ class ClusterQuotaConfig(Strict):
     staleness_seconds: float = Field(5.0, gt=0, le=3600)
     # Instances assumed for the fallback (quota / instances) before the exchange has told any.
     assumed_instances: int = Field(1, ge=1, le=10_000)
+    enabled: bool = False
+    replicas: int = Field(1, ge=1, le=10_000)
     retention_seconds: float = Field(600.0, ge=60, le=7 * 86400)
 
     @model_validator(mode="after")

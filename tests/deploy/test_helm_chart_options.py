@@ -169,7 +169,7 @@ def test_extra_env_volumes_and_mounts_in_both_modes(renders: dict[str, list[dict
         "configMapKeyRef": {"name": "kafka-cluster-info", "key": "name", "optional": True}
     }
     default = proxy_container(pod_spec(workload(renders["default"])))
-    assert [e["name"] for e in default["env"]] == ["KTHROTTLE_ADMIN_PORT"]
+    assert [e["name"] for e in default["env"]] == ["KTHROTTLE_ADMIN_PORT", "KTHROTTLE_POD_IP"]
     assert len(default["volumeMounts"]) == 3
 
 

@@ -105,6 +105,22 @@ app.kubernetes.io/component: kafka-broker
 {{- end -}}
 {{- end -}}
 
+{{/* How many gateway replicas share the quotas: gateway.replicas, or with the autoscaler
+     gateway.autoscaling.maxReplicas; 0 when they need no sharing (sidecar mode, or one replica
+     without autoscaling). */}}
+{{- define "kthrottle.sharedQuotaReplicas" -}}
+{{- $gw := .Values.gateway -}}
+{{- if ne .Values.mode "gateway" -}}
+0
+{{- else if $gw.autoscaling.enabled -}}
+{{- int $gw.autoscaling.maxReplicas -}}
+{{- else if gt (int $gw.replicas) 1 -}}
+{{- int $gw.replicas -}}
+{{- else -}}
+0
+{{- end -}}
+{{- end -}}
+
 {{/* Gateway broker ports: a list of {id, port}, one per configured broker node id. */}}
 {{- define "kthrottle.brokerPorts" -}}
 {{- $gw := .Values.gateway -}}
@@ -159,6 +175,20 @@ app.kubernetes.io/component: kafka-broker
 {{- fail (printf "mode must be gateway or sidecar, not %v" $v.mode) -}}
 {{- end -}}
 {{- $_ := set $c "quotas_file" "quotas.yaml" -}}
+{{- /* Gateway replicas share every quota (cluster_quotas); the user's config.cluster_quotas keys
+       win, false included (sprig's merge would let the chart's true overwrite a false). */ -}}
+{{- $shared := int (include "kthrottle.sharedQuotaReplicas" .) -}}
+{{- if gt $shared 0 -}}
+{{- $cq := dict "enabled" true "replicas" $shared -}}
+{{- $own := get $c "cluster_quotas" | default dict -}}
+{{- if not (kindIs "map" $own) -}}
+{{- fail "config.cluster_quotas must be a mapping of settings" -}}
+{{- end -}}
+{{- range $k, $val := $own -}}
+{{- $_ := set $cq $k $val -}}
+{{- end -}}
+{{- $_ := set $c "cluster_quotas" $cq -}}
+{{- end -}}
 {{- if $v.tls.enabled -}}
 {{- $t := dict "enabled" true "certfile" "/etc/kthrottle/tls/server/tls.crt" "keyfile" "/etc/kthrottle/tls/server/tls.key" "client_auth" $v.tls.clientAuth -}}
 {{- if ne $v.tls.clientAuth "none" -}}
@@ -268,6 +298,11 @@ args: ["run", "--config", "/etc/kthrottle/kthrottle.yaml"]
 env:
   - name: KTHROTTLE_ADMIN_PORT
     value: {{ .Values.admin.port | quote }}
+  # The address the other proxies reach this one's admin port at (cluster_quotas.peer_host's
+  # default): they probe it when its reports to the quota exchange stop.
+  - name: KTHROTTLE_POD_IP
+    valueFrom:
+      fieldRef: {fieldPath: status.podIP}
   {{- with .Values.extraEnv }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
