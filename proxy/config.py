@@ -9,6 +9,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core.core_schema import ValidationInfo
 
 from protocol.frames import DEFAULT_MAX_FRAME_BYTES
 from quota.config import QuotaConfig
@@ -369,6 +370,64 @@ class ClusterQuotaConfig(Strict):
         return self
 
 
+ProxyProtocolListener = Literal["bootstrap", "brokers", "sidecar", "all"]
+
+
+class ProxyProtocolConfig(Strict):
+    """The PROXY protocol (HAProxy's, v1 and v2) on client listeners behind a load balancer.
+
+    A listener named here requires the header at the start of every connection and takes the
+    client's address from it (connection-rate quotas, capture, logs); a connection without a
+    valid header, or from an address outside ``trusted_sources``, is refused. Off by default.
+    """
+
+    # bootstrap: the gateway's bootstrap port (with gateway.sni, the one TLS port of all
+    # brokers); brokers: every per-broker port; sidecar: the sidecar's port; all: every one.
+    listeners: list[ProxyProtocolListener] = Field(default_factory=list)
+    # Addresses (CIDR, or single addresses) of the load balancers allowed to connect and send a
+    # header: a header from anywhere else would let a client name any address it likes.
+    trusted_sources: list[str] = Field(default_factory=list)
+
+    @field_validator("listeners")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"{value} names a listener twice")
+        return value
+
+    @field_validator("trusted_sources")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=True)
+            except ValueError as exc:
+                hint = ""
+                if "host bits set" in str(exc):
+                    hint = f"; the network is {ipaddress.ip_network(item, strict=False)}"
+                raise ValueError(f"{item!r} is not an address or CIDR network{hint}") from exc
+        return value
+
+    @model_validator(mode="after")
+    def _sources_given(self) -> ProxyProtocolConfig:
+        if self.listeners and not self.trusted_sources:
+            raise ValueError(
+                "listeners with the PROXY protocol need trusted_sources: the load balancers' addresses "
+                "(0.0.0.0/0 and ::/0 trust any, which lets anyone who reaches the port claim any address)"
+            )
+        return self
+
+    def networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        return [ipaddress.ip_network(item) for item in self.trusted_sources]
+
+    def applies_to(self, listener: str) -> bool:
+        """Whether the listener of this name (bootstrap, broker-<id>, sidecar) requires the header."""
+        if not self.listeners:
+            return False
+        kind = "brokers" if listener.startswith("broker-") else listener
+        return "all" in self.listeners or kind in self.listeners
+
+
 class ProxyConfig(Strict):
     mode: Literal["gateway", "sidecar"] = "gateway"
     bind_host: str = "127.0.0.1"
@@ -388,6 +447,8 @@ class ProxyConfig(Strict):
     tls: ListenerTls = Field(default_factory=ListenerTls)
     upstream_tls: UpstreamTls = Field(default_factory=UpstreamTls)
     upstream_sasl: UpstreamSasl | None = None
+    # The PROXY protocol on client listeners behind a load balancer (off unless listeners are named).
+    proxy_protocol: ProxyProtocolConfig = Field(default_factory=ProxyProtocolConfig)
     quotas: QuotaConfig = Field(default_factory=QuotaConfig)
     # Quotas kept in a file of their own (``quotas:`` at its top, as `kthrottle tune` writes it),
     # reloaded like the main file; relative to the main config file's directory.
@@ -398,6 +459,25 @@ class ProxyConfig(Strict):
     cluster_quotas: ClusterQuotaConfig = Field(default_factory=ClusterQuotaConfig)
     quota_api: QuotaApiConfig = Field(default_factory=QuotaApiConfig)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("proxy_protocol")
+    @classmethod
+    def _proxy_protocol_listeners(
+        cls, value: ProxyProtocolConfig, info: ValidationInfo
+    ) -> ProxyProtocolConfig:
+        """The listeners named must be ones this mode has (mode and its sections come first)."""
+        mode, gateway = info.data.get("mode"), info.data.get("gateway")
+        for name in value.listeners:
+            if name == "sidecar" and mode != "sidecar":
+                raise ValueError("listeners: sidecar is the sidecar mode's listener; this is mode gateway")
+            if name in ("bootstrap", "brokers") and mode != "gateway":
+                raise ValueError(f"listeners: {name} is a gateway listener; mode sidecar has one, sidecar")
+            if name == "brokers" and gateway is not None and gateway.sni.enabled:
+                raise ValueError(
+                    "listeners: with gateway.sni every broker is reached through the bootstrap listener "
+                    "(there are no broker ports): name bootstrap"
+                )
+        return value
 
     @field_validator("bind_host")
     @classmethod

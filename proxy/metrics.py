@@ -39,6 +39,21 @@ class ProxyMetrics:
             "Client TLS handshakes that failed: a certificate refused, or closed mid-handshake",
             registry=r,
         )
+        self.proxy_protocol_headers = Counter(
+            "kthrottle_proxy_protocol_headers",
+            "PROXY protocol headers accepted on listeners that require one, by version and kind "
+            "(client: it named the client's address; local: the load balancer's own connection; "
+            "unknown: no address named, the connection's peer stands for the client)",
+            ["version", "kind"],
+            registry=r,
+        )
+        self.proxy_protocol_refused = Counter(
+            "kthrottle_proxy_protocol_refused",
+            "Connections refused on listeners that require the PROXY protocol, by reason "
+            "(untrusted-source, malformed, timeout, closed)",
+            ["reason"],
+            registry=r,
+        )
         self.rewritten_addresses = Counter(
             "kthrottle_rewritten_addresses", "Broker addresses replaced in responses", registry=r
         )

@@ -56,7 +56,15 @@ class Pipeline(ConnectionFlow):
 
     stream_from = STREAM_FROM_BYTES
 
-    def __init__(self, server: Host, listener: Listener, client: asyncio.Transport) -> None:
+    def __init__(
+        self,
+        server: Host,
+        listener: Listener,
+        client: asyncio.Transport,
+        origin: tuple[str, int] | None = None,
+    ) -> None:
+        """``origin``: the client's address from a PROXY protocol header (proxy/proxy_protocol.py),
+        which then stands for the socket's peer (the load balancer) everywhere."""
         super().__init__()
         self.id = next(_ids)
         self.server = server
@@ -65,7 +73,7 @@ class Pipeline(ConnectionFlow):
         client.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
         self.upstream: asyncio.Transport | None = None
         self.upstream_addr = "?"
-        peer = client.get_extra_info("peername")
+        peer = origin or client.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         # Large frames are offered for streaming: forwarded as their bytes arrive when no stage
         # needs more of them than their first bytes.

@@ -14,6 +14,7 @@ from proxy.config import ProxyConfig
 from proxy.host import Listener
 from proxy.metrics import ProxyMetrics
 from proxy.pipeline import Pipeline
+from proxy.proxy_protocol import HeaderProtocol, Origin, ProxyProtocolGate
 from proxy.quota_api import QuotaApiService
 from proxy.quota_metrics import QuotaCollector
 from proxy.ratelog import RateLimitedLog
@@ -40,6 +41,10 @@ class ProxyServer:
         # TLS files that do not load refuse the start (TlsConfigError names them).
         self.tls = ListenerTlsContext(cfg.tls, on_failure=self._handshake_failed) if cfg.tls.enabled else None
         self.upstream_tls = upstream_context(cfg.upstream_tls)
+        # Listeners behind a load balancer that sends the PROXY protocol header.
+        self.proxy_protocol = (
+            ProxyProtocolGate(cfg, self.metrics, self.tls) if cfg.proxy_protocol.listeners else None
+        )
         self.brokers = BrokerDirectory(cfg, on_new_node=self._on_new_node)
         self.topic_names = TopicNames()
         self.enforcer = QuotaEnforcer(cfg.quotas, self.metrics, topic_names=self.topic_names)
@@ -117,19 +122,35 @@ class ProxyServer:
     async def _open(self, name: str, port: int, node_id: int | None) -> Listener:
         listener = Listener(name, self.cfg.bind_host, port, node_id)
         loop = asyncio.get_running_loop()
-        listener.server = await loop.create_server(
-            lambda: ClientProtocol(lambda transport: Pipeline(self, listener, transport)),
-            self.cfg.bind_host,
-            port,
-            reuse_address=True,
-            backlog=1024,
-            ssl=self.tls.listening if self.tls is not None else None,
-            ssl_handshake_timeout=self.cfg.connect_timeout_seconds if self.tls is not None else None,
-        )
+        gate = self.proxy_protocol if self.cfg.proxy_protocol.applies_to(name) else None
+        if gate is not None:
+            # The header comes first, the TLS handshake (if any) after it: TLS is started by the
+            # header's protocol, not by the listener.
+            def pipeline_for(transport: asyncio.Transport, origin: Origin) -> Pipeline:
+                return Pipeline(self, listener, transport, origin)
+
+            listener.server = await loop.create_server(
+                lambda: HeaderProtocol(gate, name, pipeline_for),
+                self.cfg.bind_host,
+                port,
+                reuse_address=True,
+                backlog=1024,
+            )
+        else:
+            listener.server = await loop.create_server(
+                lambda: ClientProtocol(lambda transport: Pipeline(self, listener, transport)),
+                self.cfg.bind_host,
+                port,
+                reuse_address=True,
+                backlog=1024,
+                ssl=self.tls.listening if self.tls is not None else None,
+                ssl_handshake_timeout=self.cfg.connect_timeout_seconds if self.tls is not None else None,
+            )
         sock = listener.server.sockets[0]
         listener.port = sock.getsockname()[1]
         self.listeners[name] = listener
-        log.info("listening on %s:%d (%s)", self.cfg.bind_host, listener.port, name)
+        proxied = ", PROXY protocol required" if gate is not None else ""
+        log.info("listening on %s:%d (%s%s)", self.cfg.bind_host, listener.port, name, proxied)
         return listener
 
     async def _open_node_listener(self, node_id: int) -> None:
@@ -236,6 +257,8 @@ class ProxyServer:
         for listener in self.listeners.values():
             if listener.server is not None:
                 listener.server.close()
+        if self.proxy_protocol is not None:
+            self.proxy_protocol.close_all()
         for pipeline in list(self.pipelines):
             pipeline.pause_client("draining")
             if pipeline.idle:
