@@ -22,6 +22,7 @@ import pytest
 from dev.certs import CertificateAuthority
 from protocol.proxy_header import V2_SIGNATURE
 from proxy.server import ProxyServer
+from proxy.tls import server_name
 from tests.unit.conftest import StubUpstream, proxy_in_front_of, recv_exactly
 
 T = TypeVar("T")
@@ -199,6 +200,11 @@ def test_tls_starts_after_the_header(pki: tuple[Path, Path, Path]) -> None:
                 (size,) = struct.unpack(">i", recv_exactly(tls, 4))
                 assert struct.unpack(">i", recv_exactly(tls, size)[:4])[0] == correlation_id
             assert proxy.peers() == ["198.51.100.9:61000"]
+            # the TLS identity is read as on any TLS listener: the server name the client asked for
+            names = proxy.on_loop(
+                lambda: [server_name(p.client.get_extra_info("ssl_object")) for p in server.pipelines]
+            )
+            assert names == ["localhost"]
         # a client that goes straight to TLS, without the load balancer's header
         with proxy.connect() as direct, pytest.raises((ssl.SSLError, ConnectionError)):
             context.wrap_socket(direct, server_hostname="localhost").sendall(_request(3))
