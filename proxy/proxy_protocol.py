@@ -49,11 +49,17 @@ class ProxyProtocolGate:
     connections still reading their header or in their TLS handshake (closed at shutdown)."""
 
     def __init__(self, cfg: ProxyConfig, metrics: ProxyMetrics, tls: ListenerTlsContext | None) -> None:
+        self.config = cfg.proxy_protocol  # as at start: a reload does not change it (restart-only)
         self.networks = cfg.proxy_protocol.networks()
         self.timeout = cfg.connect_timeout_seconds
         self.metrics = metrics
         self.tls = tls
         self.opening: set[HeaderProtocol] = set()
+
+    def applies_to(self, listener: str) -> bool:
+        """Whether the listener of this name requires the header (a broker's listener may open
+        long after the start, when its node appears)."""
+        return self.config.applies_to(listener)
 
     def trusts(self, ip: str) -> bool:
         try:

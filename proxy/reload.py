@@ -25,6 +25,7 @@ _RESTART_ONLY = (
     "capture",
     "tls",  # the certificate files themselves reload when they change on disk
     "upstream_tls",
+    "proxy_protocol",  # which listeners take the header, and from whom: fixed when they open
 )
 
 

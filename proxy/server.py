@@ -122,7 +122,9 @@ class ProxyServer:
     async def _open(self, name: str, port: int, node_id: int | None) -> Listener:
         listener = Listener(name, self.cfg.bind_host, port, node_id)
         loop = asyncio.get_running_loop()
-        gate = self.proxy_protocol if self.cfg.proxy_protocol.applies_to(name) else None
+        gate = self.proxy_protocol
+        if gate is not None and not gate.applies_to(name):
+            gate = None
         if gate is not None:
             # The header comes first, the TLS handshake (if any) after it: TLS is started by the
             # header's protocol, not by the listener.

@@ -81,3 +81,21 @@ def test_listeners_by_kind() -> None:
 def test_refused_with_the_line_and_the_reason(text: str, expected: str) -> None:
     with pytest.raises(ConfigError, match=expected):
         parse_config(text, "k.yaml")
+
+
+def test_a_reload_reports_it_as_needing_a_restart() -> None:
+    """Listeners take or skip the header from their start (a broker's listener that opens later
+    too): a changed section is reported, not applied."""
+    from proxy.reload import apply
+    from proxy.server import ProxyServer
+
+    start = parse_config(
+        GATEWAY + "proxy_protocol: {listeners: [bootstrap], trusted_sources: [10.0.0.0/8]}\n"
+    )
+    server = ProxyServer(start)
+    changed = parse_config(GATEWAY + "proxy_protocol: {listeners: [all], trusted_sources: ['0.0.0.0/0']}\n")
+    assert "proxy_protocol" in apply(server, changed)
+    assert server.cfg.proxy_protocol == start.proxy_protocol
+    assert server.proxy_protocol is not None
+    assert server.proxy_protocol.applies_to("bootstrap") and not server.proxy_protocol.applies_to("broker-1")
+    assert not server.proxy_protocol.trusts("192.0.2.1")
