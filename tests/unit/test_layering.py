@@ -62,3 +62,19 @@ def test_stages_see_the_connection_only_through_their_interface() -> None:
 def test_the_pipeline_does_not_import_the_server() -> None:
     for module in ("pipeline", "flow", "frame_streams", "transports", "host"):
         assert "proxy.server" not in _imports(ROOT / "proxy" / f"{module}.py"), module
+
+
+def test_protocol_and_quota_stay_sans_io() -> None:
+    """protocol/ and quota/ take bytes and times and return decisions: no sockets, no event loop."""
+    io = {"asyncio", "socket", "ssl", "selectors", "uvloop"}
+    wrong = []
+    for package in ("protocol", "quota"):
+        for path in _files(package):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names: list[str] = []
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    names = [node.module]
+                elif isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                wrong += [f"{path.relative_to(ROOT)} imports {n}" for n in names if n.split(".")[0] in io]
+    assert not wrong
