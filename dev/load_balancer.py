@@ -382,6 +382,12 @@ class GatewayReplicas:
         self.replicas: list[ProxyProcess] = []
         for i, address in enumerate(self.addresses):
             cfg = _merged(base, {"bind_host": address, "admin": {"host": address}})
+            if "cluster_quotas" in cfg:  # the others probe this replica at its own address
+                cfg["cluster_quotas"] = {
+                    "peer_host": address,
+                    "instance": f"replica-{i}",
+                    **cfg["cluster_quotas"],
+                }
             if cfg.get("capture", {}).get("enabled") and not cfg["capture"].get("instance"):
                 cfg["capture"]["instance"] = f"replica-{i}"
             if callable(per_replica):

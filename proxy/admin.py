@@ -42,6 +42,7 @@ READ_ONLY_ENDPOINTS = (
     "/quotas/entity",
     "/quotas/ip",
     "/quotas/cluster",
+    "/cluster/peer",
     "/quotas/client-quotas (GET)",
     "/volume",
 )
@@ -204,6 +205,17 @@ def entity_state(enforcer: QuotaEnforcer, user: str, client_id: str) -> dict[str
                 throttle_ms=throttle_ms,
                 samples=[{"start_ms_ago": now - start, "bytes": value} for start, value in rate.samples(now)],
             )
+        if enforcer.cluster is not None:
+            # One quota across the gateway's replicas: this replica's share and the total.
+            mine, total = quotas.shared_rates(bucket, now)
+            state["cluster"] = {
+                "shared": quotas.shared(match),
+                "this_replica_rate": mine,
+                "cluster_rate": total,
+                "multiplier": enforcer.cluster.multiplier if quotas.shared(match) else 1.0,
+            }
+            if "rate" in state:
+                state["rate"] = total
         out[quotas.key] = state
     out[CONTROLLER_MUTATION_RATE] = enforcer.mutations.state(user, client_id, now)
     out[REQUEST_PERCENTAGE] = enforcer.request_time.state(user, client_id, now)
@@ -223,14 +235,29 @@ def build_app(server: ProxyServer, auth: AdminAuth | None = None) -> web.Applica
 
     async def readyz(_request: web.Request) -> web.Response:
         ready = server.upstream_ready and not server.draining
-        body = {
+        body: dict[str, Any] = {
             "ready": ready,
             "upstream_reachable": server.upstream_ready,
             "draining": server.draining,
             "brokers": {str(k): f"{h}:{p}" for k, (h, p) in sorted(server.brokers.real.items())},
             "listeners": {name: lst.port for name, lst in server.listeners.items()},
         }
+        if server.cluster_quotas is not None:
+            # Detail only: a replica that holds its part of the quotas alone still serves.
+            mode = server.cluster_quotas.mode
+            body["cluster_quotas"] = {
+                "replicas": mode.instances,
+                "fallback": mode.fallback,
+                "reason": mode.reason,
+                "multiplier": round(mode.multiplier, 4),
+            }
         return web.json_response(body, status=200 if ready else 503)
+
+    async def peer(_request: web.Request) -> web.Response:
+        """The other replicas' liveness probe: who answers at this address (open, as /healthz)."""
+        if server.cluster_quotas is None:
+            return _error(404, "cluster quotas are not enabled here")
+        return web.json_response(server.cluster_quotas.peer_answer())
 
     async def quotas(_request: web.Request) -> web.Response:
         cfg = server.enforcer.cfg
@@ -263,7 +290,7 @@ def build_app(server: ProxyServer, auth: AdminAuth | None = None) -> web.Applica
         service = server.cluster_quotas
         if service is None:
             return web.json_response({"enabled": False})
-        return web.json_response({"enabled": True, **service.rates.describe(service.now_ms())})
+        return web.json_response({"enabled": True, **service.describe()})
 
     def quota_api() -> QuotaApiService | web.Response:
         if server.quota_api is None:
@@ -304,6 +331,7 @@ def build_app(server: ProxyServer, auth: AdminAuth | None = None) -> web.Applica
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/cluster/peer", peer)
     return app
 
 

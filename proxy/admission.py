@@ -33,6 +33,7 @@ from protocol.mutations import (
 )
 from protocol.versions import STRICT_MUTATION_FROM
 from proxy.topic_catalog import KAFKA_DEFAULT_PARTITIONS, TopicCatalog
+from quota.cluster_report import MutationRecord
 from quota.entities import Bucket
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class MutationState:
     accepted: tuple[bool, ...] = ()
     bucket: Bucket | None = None
     throttle_ms: int = 0
+    record: MutationRecord | None = None  # decided across replicas (quota/cluster_mutations.py)
 
     @property
     def strict(self) -> bool:

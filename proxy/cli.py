@@ -55,6 +55,9 @@ async def serve(cfg: ProxyConfig, ready_file: Path | None = None, config_path: P
     if cfg.admin.enabled:
         runner, admin_port = await start_admin(server)
         log.info("admin HTTP on %s:%d", cfg.admin.host, admin_port)
+        server.admin_port = admin_port
+        if server.cluster_quotas is not None:  # where the other replicas ask whether it is alive
+            server.cluster_quotas.admin_port = admin_port
     if ready_file is not None:
         info = {"listeners": {n: lst.port for n, lst in server.listeners.items()}, "admin_port": admin_port}
         tmp = ready_file.with_suffix(".tmp")
@@ -81,11 +84,6 @@ def check_config(path: Path, cfg: ProxyConfig) -> int:
     quotas = cfg.quotas.model_dump(mode="json", by_alias=True, exclude_none=True)
     for entities in (quotas["users"], quotas["clients"]):
         for entity in entities.values():
-            if entity.get("scope") == "instance":
-                del entity["scope"]  # the default: only a cluster scope is worth a line
-            for client in entity.get("clients", {}).values():
-                if client.get("scope") == "instance":
-                    del client["scope"]
             if entity.get("clients") == {}:
                 del entity["clients"]
     tls = "TLS" + (f" (client certificates {cfg.tls.client_auth})" if cfg.tls.client_auth != "none" else "")

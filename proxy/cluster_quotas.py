@@ -1,17 +1,20 @@
-"""``scope: cluster`` byte-rate quotas at run time: publish this instance's rates, read the others'.
+"""One quota across gateway replicas, at run time: report this replica's usage, add the others'.
 
-The policy is quota/cluster.py. Every ``publish_interval_seconds`` this instance reports the rate
-it measured for each cluster-scoped bucket (produce and fetch) to a topic keyed by instance id
-(compacted, with a short retention: only the latest report of each instance matters), and reads
-all reports, its own included: reading its own back is how it knows the exchange works. Metrics
-say how many instances are live, whether the fallback (quota / instances) is in force, and how
-old this instance's latest report was when it came back (the exchange's lag).
+The policy is quota/cluster.py (who shares, and the fallback) and quota/cluster_report.py (the
+records). Every ``hot_interval_seconds`` this replica reports its usage of the buckets under
+pressure (throttled, or half their burst gone), and every ``publish_interval_seconds`` all the
+rest, to a topic on the Kafka cluster the gateway fronts; it reads every replica's reports, its
+own included (reading its own back is how it knows the exchange works), and adds the others'
+usage into its buckets. A replica whose reports stop is asked over HTTP whether it is alive
+(``/cluster/peer`` on its admin port). Mutation requests under a cluster-wide
+``controller_mutation_rate`` go through the same topic (``ClusterMutations``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -19,39 +22,78 @@ import time
 import uuid
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Gauge
+import aiohttp
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from proxy.config import ProxyConfig
 from proxy.exchange import CompactedTopic, ExchangeSettings, exchange_metrics
+from proxy.ratelog import RateLimitedLog
 from proxy.throttling import QuotaEnforcer
-from quota.cluster import ClusterRates, ReportError, UsageReport, report
+from quota.cluster import ClusterLink, ClusterMembership, ClusterMode, ProbeOutcome
+from quota.cluster_mutations import LogAdmission
+from quota.cluster_report import (
+    FETCH,
+    FETCH_PARTITION,
+    PRODUCE,
+    PRODUCE_PARTITION,
+    PRODUCER_ID,
+    MutationRecord,
+    ReportError,
+    UsageReport,
+    decode_record,
+)
 
 log = logging.getLogger(__name__)
+skip_log = RateLimitedLog(log)
+PROBE_TIMEOUT_SECONDS = 1.0
+MAX_REPORT_BYTES = 16 * 1024 * 1024
 
 
 class ClusterQuotaMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.instances = Gauge(
             "kthrottle_cluster_quota_instances",
-            "Proxy instances sharing cluster-scoped quotas",
+            "Gateway replicas sharing the cluster-wide quotas (this one, those live, those cut off)",
             registry=registry,
         )
         self.fallback = Gauge(
             "kthrottle_cluster_quota_fallback",
-            "1 while the exchange is stale or down and each instance enforces quota / instances",
+            "1 while this replica cannot trust the exchange, or another replica is cut off from it, "
+            "and the quotas are split (see kthrottle_cluster_quota_multiplier)",
+            registry=registry,
+        )
+        self.multiplier = Gauge(
+            "kthrottle_cluster_quota_multiplier",
+            "The part of each cluster-wide quota enforced here: 1 normally; 1/replicas while this "
+            "replica is cut off; 1 - cut off/replicas while others are",
             registry=registry,
         )
         self.lag = Gauge(
             "kthrottle_cluster_quota_exchange_lag_seconds",
-            "Time from publishing this instance's latest report to reading it back from the topic",
+            "Time from publishing this replica's latest report to reading it back from the topic",
             registry=registry,
         )
         self.report_bytes = Gauge(
-            "kthrottle_cluster_quota_report_bytes", "Size of this instance's latest report", registry=registry
+            "kthrottle_cluster_quota_report_bytes",
+            "Size of this replica's latest full report",
+            registry=registry,
         )
         self.buckets = Gauge(
             "kthrottle_cluster_quota_buckets",
-            "Cluster-scoped buckets this instance reported",
+            "Buckets and partitions in this replica's latest full report",
+            registry=registry,
+        )
+        self.reports = Counter(
+            "kthrottle_cluster_quota_reports",
+            "Usage reports, by direction (published, applied: another replica's usage added here, "
+            "skipped: read but not added, unreadable)",
+            ["direction"],
+            registry=registry,
+        )
+        self.probes = Counter(
+            "kthrottle_cluster_quota_probes",
+            "Liveness probes of silent replicas, by outcome",
+            ["outcome"],
             registry=registry,
         )
 
@@ -59,6 +101,18 @@ class ClusterQuotaMetrics:
 def default_instance() -> str:
     """Unique per process even where host names and pids repeat (containers run as pid 1)."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def peer_host(cfg: ProxyConfig) -> str:
+    """Where the other replicas reach this one: the config, else $KTHROTTLE_POD_IP (the chart
+    sets it from the pod's IP), else the address the host name resolves to."""
+    configured = cfg.cluster_quotas.peer_host or os.environ.get("KTHROTTLE_POD_IP")
+    if configured:
+        return configured
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return cfg.advertised_host
 
 
 class ClusterQuotaService:
@@ -75,42 +129,83 @@ class ClusterQuotaService:
         self.enforcer = enforcer
         self.wall_clock = wall_clock
         self.metrics = ClusterQuotaMetrics(registry)
-        # Reports carry wall-clock times; the quotas run on the enforcer's clock, so the rates
-        # table is kept in wall time and asked in wall time through the adapter below.
-        self.rates = ClusterRates(
-            self.instance, ccfg.staleness_seconds * 1000.0, self.now_ms(), ccfg.assumed_instances
+        self.membership = ClusterMembership(
+            self.instance,
+            ccfg.replicas,
+            ccfg.staleness_seconds * 1000.0,
+            enforcer.now_ms(),
+            peer_grace_ms=ccfg.peer_grace_seconds * 1000.0,
         )
-        view = _WallClockView(self.rates, self.now_ms)
-        enforcer.produce.cluster = view
-        enforcer.fetch.cluster = view
+        self.link = ClusterLink()
+        self.mode = self.membership.mode(enforcer.now_ms())
+        self.link.set_mode(self.mode)
+        enforcer.attach_cluster(self.link, self)
+        self.admin_port: int | None = cfg.admin.port if cfg.admin.enabled and cfg.admin.port else None
+        self.host = peer_host(cfg)
         self.exchange = CompactedTopic(
             ExchangeSettings.of(cfg),
             ccfg.topic,
-            self._on_record,
+            lambda _k, _v: None,
             exchange_metrics(registry),
+            retry_seconds=0.5,
             topic_configs={
-                "cleanup.policy": "compact,delete",
+                "cleanup.policy": "delete",
                 "retention.ms": str(int(ccfg.retention_seconds * 1000)),
                 "segment.ms": str(int(ccfg.retention_seconds * 1000 / 4)),
+                "message.timestamp.type": "LogAppendTime",
+                "max.message.bytes": str(MAX_REPORT_BYTES + 64 * 1024),
             },
+            history_seconds=self._history_seconds(),
+            on_timed_record=self._on_record,
+            on_state=self._on_state,
+            max_record_bytes=MAX_REPORT_BYTES,
+            compression=None,  # reports compress themselves
         )
-        self._task: asyncio.Task[None] | None = None
-        self._last_fallback: bool | None = None
+        self._seq = 0
+        self._waiting: dict[int, asyncio.Future[LogAdmission]] = {}  # our mutation requests
+        self._tasks: list[asyncio.Task[None]] = []
+        self._last_reason: str | None = None
+        self._http: aiohttp.ClientSession | None = None
+
+    def _history_seconds(self) -> float:
+        """Records read at (re)connection: enough for the mutation replay (quota/cluster_mutations)."""
+        window = self.cfg.quotas.controller_window
+        return max(30.0, 3 * window.num * window.size_seconds, 3 * self.cfg.cluster_quotas.staleness_seconds)
 
     def now_ms(self) -> float:
-        return self.wall_clock() * 1000.0
+        return self.enforcer.now_ms()
+
+    @property
+    def address(self) -> str | None:
+        if self.admin_port is None:
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.admin_port}"
 
     def start(self) -> None:
         self.exchange.start()
-        self._task = asyncio.get_running_loop().create_task(self._publish_loop(), name="cluster-quota")
-        log.info("cluster quotas: instance %s, topic %s", self.instance, self.cfg.cluster_quotas.topic)
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._publish_loop(), name="cluster-quota")]
+        log.info(
+            "cluster quotas: replica %s, topic %s, %d replica(s) assumed until the exchange tells",
+            self.instance,
+            self.cfg.cluster_quotas.topic,
+            self.cfg.cluster_quotas.replicas,
+        )
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+                await task
+        if self.exchange.connected:  # the others forget this replica at once, its part is free
+            with contextlib.suppress(Exception):
+                self._seq += 1
+                leaving = UsageReport(self.instance, self._seq, self.wall_clock() * 1000.0, leaving=True)
+                await asyncio.wait_for(self.exchange.publish(self.instance.encode(), leaving.encode()), 2.0)
         await self.exchange.stop()
+        if self._http is not None:
+            await self._http.close()
 
     def reconfigure(self, cfg: ProxyConfig) -> list[str]:
         notes = []
@@ -120,62 +215,206 @@ class ClusterQuotaService:
         self.cfg = cfg.model_copy(
             update={"cluster_quotas": new.model_copy(update={"topic": old.topic, "instance": old.instance})}
         )
-        self.rates.reconfigure(new.staleness_seconds * 1000.0)
+        self.membership.reconfigure(new.replicas, new.staleness_seconds * 1000.0)
         return notes
 
-    def _on_record(self, key: bytes | None, value: bytes | None) -> None:
+    # --- reading -------------------------------------------------------------------------------
+
+    def _on_state(self, caught_up: bool) -> None:
+        if caught_up:
+            self.membership.caught_up = True
+        else:
+            self.membership.disconnected()
+
+    def _on_record(self, key: bytes | None, value: bytes | None, timestamp_ms: int) -> None:
         if value is None:
-            if key:
-                self.rates.forget(key.decode(errors="replace"))
             return
         try:
-            got = UsageReport.decode(value)
+            record = decode_record(value)
         except ReportError as exc:
-            log.warning("cluster quotas: report of %r skipped: %s", key, exc)
+            self.metrics.reports.labels("unreadable").inc()
+            skip_log.log(logging.WARNING, "report", "cluster quotas: record %r skipped: %s", key, exc)
             return
-        self.rates.update(got, self.now_ms())
+        if isinstance(record, MutationRecord):
+            decided = self.enforcer.mutation_log.apply(record, float(timestamp_ms))
+            waiting = self._waiting.pop(record.request, None) if record.instance == self.instance else None
+            if waiting is not None and not waiting.done():
+                waiting.set_result(decided)
+            return
+        now = self.now_ms()
+        factor = self.membership.accept(record, now)
+        if factor is None:
+            if record.instance != self.instance:
+                self.metrics.reports.labels("skipped").inc()
+            return
+        self.metrics.reports.labels("applied").inc()
+        self._apply(record, factor, now)
+
+    def _apply(self, report: UsageReport, factor: float, now: float) -> None:
+        """Add another replica's usage into this one's buckets."""
+        produce, fetch = self.enforcer.produce, self.enforcer.fetch
+        by_kind: dict[str, list[tuple[tuple[str, str], float]]] = {}
+        for kind, first, second, value in zip(
+            report.kinds, report.firsts, report.seconds, report.values, strict=True
+        ):
+            found = by_kind.get(kind)
+            if found is None:
+                found = by_kind[kind] = []
+            found.append(((first, second), value * factor))
+        produce.add_remote_many(by_kind.get(PRODUCE, ()), now)
+        fetch.add_remote_many(by_kind.get(FETCH, ()), now)
+        for (topic, partition), amount in by_kind.get(PRODUCE_PARTITION, ()):
+            produce.add_remote_partition((topic, int(partition)), amount, now)
+        for (topic, partition), amount in by_kind.get(FETCH_PARTITION, ()):
+            fetch.add_remote_partition((topic, int(partition)), amount, now)
+        for kind, first, second, tokens in report.levels():
+            if kind in (PRODUCE, FETCH):
+                (produce if kind == PRODUCE else fetch).add_remote_level((first, second), tokens, now)
+            elif kind in (PRODUCE_PARTITION, FETCH_PARTITION):
+                table = produce if kind == PRODUCE_PARTITION else fetch
+                table.add_remote_level((first, int(second)), tokens, now)
+        claims = [(user, int(pid)) for (user, pid), _one in by_kind.get(PRODUCER_ID, ())]
+        if claims:
+            self.enforcer.producer_ids.add_remote_claims(report.instance, claims, now)
+
+    # --- publishing ----------------------------------------------------------------------------
 
     async def _publish_loop(self) -> None:
+        ccfg = self.cfg.cluster_quotas
+        ticks_per_full = max(1, round(ccfg.publish_interval_seconds / ccfg.hot_interval_seconds))
+        tick = 0
         while True:
-            await asyncio.sleep(self.cfg.cluster_quotas.publish_interval_seconds)
+            await asyncio.sleep(self.cfg.cluster_quotas.hot_interval_seconds)
+            tick += 1
             try:
-                await self._publish_once()
-            except Exception:  # the loop must live on, or this instance falls back for good
+                self._refresh_mode()
+                await self._publish_once(hot_only=tick % ticks_per_full != 0)
+                self._probe_silent()
+            except Exception:  # the loop must live on, or this replica falls back for good
                 log.exception("cluster quotas: publishing failed")
 
-    async def _publish_once(self) -> None:
-        """Report this instance's rates; export the exchange's state; log fallback changes."""
-        local = self.enforcer.now_ms()
-        rates = self.enforcer.produce.cluster_rates(local) + self.enforcer.fetch.cluster_rates(local)
-        mine = report(self.instance, self.now_ms(), rates)
-        data = mine.encode()
-        self.metrics.report_bytes.set(len(data))
-        self.metrics.buckets.set(len(mine.rates))
-        if self.exchange.connected:
-            await self.exchange.publish(self.instance.encode(), data)
-        status = self.rates.status(self.now_ms())
-        self.metrics.instances.set(status.instances)
-        self.metrics.fallback.set(1 if status.fallback else 0)
-        if self.rates.round_trip_ms is not None:
-            self.metrics.lag.set(max(0.0, self.rates.round_trip_ms / 1000.0))
-        if status.fallback != self._last_fallback:
-            if status.fallback:
+    def build_report(self, hot_only: bool) -> UsageReport:
+        """This replica's usage since its last report (``hot_only``: of the buckets under pressure)."""
+        self._seq += 1
+        report = UsageReport(
+            self.instance, self._seq, self.wall_clock() * 1000.0, self.address, self.mode.local_only
+        )
+        for table, kind, part_kind in (
+            (self.enforcer.produce, PRODUCE, PRODUCE_PARTITION),
+            (self.enforcer.fetch, FETCH, FETCH_PARTITION),
+        ):
+            buckets, parts = table.take_pending(hot_only, self.now_ms())
+            for (first, second), value, tokens in buckets:
+                if value > 0:
+                    report.add(kind, first, second, value, tokens)
+            for (topic, partition), value, tokens in parts:
+                if value > 0:
+                    report.add(part_kind, topic, str(partition), value, tokens)
+        if not hot_only:
+            for user, pid in self.enforcer.producer_ids.take_claims():
+                report.add(PRODUCER_ID, user, str(pid), 1.0)
+        return report
+
+    async def _publish_once(self, hot_only: bool) -> None:
+        report = self.build_report(hot_only)
+        if hot_only and not len(report):
+            self._seq -= 1  # nothing to say: the next report takes this number
+            return
+        data = report.encode()
+        if not hot_only:
+            self.metrics.report_bytes.set(len(data))
+            self.metrics.buckets.set(len(report))
+        if self.exchange.connected and await self.exchange.publish(self.instance.encode(), data):
+            self.membership.published(report.seq, self.now_ms())
+            self.metrics.reports.labels("published").inc()
+
+    def _refresh_mode(self) -> ClusterMode:
+        mode = self.mode = self.membership.mode(self.now_ms())
+        self.link.set_mode(mode)
+        self.metrics.instances.set(mode.instances)
+        self.metrics.fallback.set(1 if mode.fallback else 0)
+        self.metrics.multiplier.set(mode.multiplier)
+        if self.membership.round_trip_ms is not None:
+            self.metrics.lag.set(max(0.0, self.membership.round_trip_ms / 1000.0))
+        if mode.reason != self._last_reason:
+            if mode.reason:
                 log.warning(
-                    "cluster quotas: exchange stale or down, enforcing quota / %d instances", status.instances
+                    "cluster quotas: %s; enforcing %.3g of each quota here%s",
+                    mode.reason,
+                    mode.multiplier,
+                    " on this replica's clients alone" if mode.local_only else "",
                 )
-            elif self._last_fallback is not None:
-                log.info("cluster quotas: exchange back, %d instances share the quotas", status.instances)
-            self._last_fallback = status.fallback
+            elif self._last_reason is not None:
+                log.info("cluster quotas: exchange working, %d replica(s) share the quotas", mode.instances)
+            self._last_reason = mode.reason
+        return mode
 
+    # --- liveness of silent replicas ----------------------------------------------------------
 
-class _WallClockView:
-    """ClusterRates asked with the enforcer's (monotonic) times, answered in wall time."""
+    def _probe_silent(self) -> None:
+        for instance, address in self.membership.probes_due(self.now_ms()):
+            self._tasks.append(asyncio.get_running_loop().create_task(self._probe(instance, address)))
+        self._tasks = [t for t in self._tasks if not t.done()]
 
-    def __init__(self, rates: ClusterRates, wall_ms: Callable[[], float]) -> None:
-        self.rates = rates
-        self.wall_ms = wall_ms
+    async def _probe(self, instance: str, address: str) -> None:
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS))
+        outcome = ProbeOutcome.UNREACHABLE
+        try:
+            async with self._http.get(f"http://{address}/cluster/peer") as resp:
+                body = await resp.json(content_type=None) if resp.status == 200 else {}
+                answered = body.get("instance") if isinstance(body, dict) else None
+                outcome = ProbeOutcome.ALIVE if answered == instance else ProbeOutcome.GONE
+        except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+            # Refused: nothing listens there any more. Unreachable hosts time out instead.
+            refused = isinstance(exc, ConnectionRefusedError) or isinstance(
+                getattr(exc, "os_error", None), ConnectionRefusedError
+            )
+            outcome = ProbeOutcome.GONE if refused else ProbeOutcome.UNREACHABLE
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            outcome = ProbeOutcome.UNREACHABLE
+        self.metrics.probes.labels(outcome.value).inc()
+        self.membership.probe_result(instance, outcome, self.now_ms())
+        log.info("cluster quotas: replica %s at %s is silent; probe: %s", instance, address, outcome.value)
 
-    def share(
-        self, kind: str, bucket: tuple[str, str], quota: float, local_rate: float, _now_ms: float
-    ) -> float:
-        return self.rates.share(kind, bucket, quota, local_rate, self.wall_ms())
+    # --- mutations (KIP-599) across replicas --------------------------------------------------
+
+    async def admit_mutation(self, record: MutationRecord) -> LogAdmission | None:
+        """Publish a mutation request and wait for the replay's answer to it (None: the
+        exchange did not take it, or took longer than its request timeout)."""
+        if not self.exchange.connected or self.mode.local_only:
+            return None
+        record = dataclasses.replace(record, instance=self.instance)
+        future: asyncio.Future[LogAdmission] = asyncio.get_running_loop().create_future()
+        self._waiting[record.request] = future
+        try:
+            if not await self.exchange.publish(f"m/{self.instance}".encode(), record.encode()):
+                return None
+            timeout = self.cfg.exchange.request_timeout_seconds
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            log.warning(
+                "cluster quotas: mutation request %d not read back from the exchange in time; "
+                "decided here on this replica's part of the quota",
+                record.request,
+            )
+            return None
+        finally:
+            self._waiting.pop(record.request, None)
+
+    def refund_mutation(self, record: MutationRecord) -> None:
+        """Give back what the broker refused, in every replica's replay (not waited for)."""
+        record = dataclasses.replace(record, instance=self.instance)
+
+        async def send() -> None:
+            if not await self.exchange.publish(f"m/{self.instance}".encode(), record.encode()):
+                log.warning("cluster quotas: refund of %d partition mutations not published", record.refund)
+
+        self._tasks.append(asyncio.get_running_loop().create_task(send()))
+
+    def peer_answer(self) -> dict[str, object]:
+        """What /cluster/peer says: who answers here, and whether it can trust the exchange."""
+        return {"instance": self.instance, "fallback": self.mode.fallback, "reason": self.mode.reason}
+
+    def describe(self) -> dict[str, object]:
+        return self.membership.describe(self.now_ms())

@@ -8,7 +8,15 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core.core_schema import ValidationInfo
 
 from protocol.frames import DEFAULT_MAX_FRAME_BYTES
@@ -350,23 +358,39 @@ class ExchangeConfig(Strict):
 
 
 class ClusterQuotaConfig(Strict):
-    """The exchange behind ``scope: cluster`` byte-rate quotas (quota/cluster.py); it runs when
-    the quotas at start have a cluster-scoped entity."""
+    """One quota across the gateway's replicas (quota/cluster.py): the exchange of usage between
+    them, through a topic on the Kafka cluster they front. It runs when ``enabled`` (the chart
+    sets it for more than one replica) or when an entity asks for ``scope: cluster``."""
 
-    topic: str = "__kthrottle_cluster_usage"
-    instance: str | None = None  # unique per proxy; default: host name and process id
-    publish_interval_seconds: float = Field(1.0, gt=0, le=60)
-    staleness_seconds: float = Field(5.0, gt=0, le=3600)
-    # Instances assumed for the fallback (quota / instances) before the exchange has told any.
-    assumed_instances: int = Field(1, ge=1, le=10_000)
     enabled: bool = False
-    replicas: int = Field(1, ge=1, le=10_000)
+    # How many replicas share the quotas: while the exchange cannot be trusted before it has
+    # told how many are live, each holds quota / replicas (the chart: gateway.replicas, or the
+    # autoscaler's maxReplicas).
+    replicas: int = Field(1, ge=1, le=10_000, validation_alias=AliasChoices("replicas", "assumed_instances"))
+    topic: str = Field("__kthrottle_cluster_usage", pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    instance: str | None = None  # unique per replica; default: host name, process id, random suffix
+    # Where the other replicas reach this one's admin port to ask whether it is alive when its
+    # reports stop; default: $KTHROTTLE_POD_IP (the chart sets it), else the host name's address.
+    peer_host: str | None = None
+    # Usage of the buckets under pressure (throttled, or half their burst gone) goes out this
+    # often; every bucket's at least every publish_interval_seconds.
+    hot_interval_seconds: float = Field(0.25, gt=0, le=10)
+    publish_interval_seconds: float = Field(1.0, gt=0, le=60)
+    # A replica not heard from for this long (this one: its own report not read back) no longer
+    # counts as sharing through the exchange: the fallback applies.
+    staleness_seconds: float = Field(3.0, gt=0, le=3600)
+    # A silent replica that cannot be reached at all is taken as gone after this long.
+    peer_grace_seconds: float = Field(30.0, gt=0, le=3600)
     retention_seconds: float = Field(600.0, ge=60, le=7 * 86400)
 
     @model_validator(mode="after")
-    def _staleness(self) -> ClusterQuotaConfig:
+    def _intervals(self) -> ClusterQuotaConfig:
+        if self.hot_interval_seconds > self.publish_interval_seconds:
+            raise ValueError("hot_interval_seconds must not be more than publish_interval_seconds")
         if self.staleness_seconds <= 2 * self.publish_interval_seconds:
             raise ValueError("staleness_seconds must be more than twice publish_interval_seconds")
+        if self.peer_grace_seconds < self.staleness_seconds:
+            raise ValueError("peer_grace_seconds must be at least staleness_seconds")
         return self
 
 

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from proxy.tls import client_context
 log = logging.getLogger(__name__)
 
 OnRecord = Callable[[bytes | None, bytes | None], None]
+OnTimedRecord = Callable[[bytes | None, bytes | None, int], None]  # and its timestamp (ms)
 
 
 @dataclass(frozen=True)
@@ -119,10 +121,24 @@ class CompactedTopic:
         replication: int | None = None,
         retry_seconds: float = 2.0,
         topic_configs: dict[str, str] | None = None,
+        history_seconds: float | None = None,
+        on_timed_record: OnTimedRecord | None = None,
+        on_state: Callable[[bool], None] | None = None,
+        max_record_bytes: int = 1024 * 1024,
+        compression: str | None = "gzip",
     ) -> None:
+        """``history_seconds``: read only the records of that many seconds back (by their
+        timestamps) rather than the whole topic. ``on_timed_record`` is called instead of
+        ``on_record``, with the record's timestamp. ``on_state(True)`` when the history present
+        at connection has been read, ``on_state(False)`` when the connection is lost."""
         self.settings = settings
         self.topic = topic
         self.on_record = on_record
+        self.on_timed_record = on_timed_record
+        self.on_state = on_state
+        self.history_seconds = history_seconds
+        self.max_record_bytes = max_record_bytes
+        self.compression = compression
         self.partitions = partitions
         self.replication = replication
         self.retry_seconds = retry_seconds
@@ -196,8 +212,9 @@ class CompactedTopic:
             bootstrap_servers=s.bootstrap_servers,
             client_id="kthrottle-exchange",
             acks="all",
-            compression_type="gzip",  # reports repeat names: a large one shrinks several times
+            compression_type=self.compression,  # reports repeat names: a large one shrinks several times
             request_timeout_ms=s.request_timeout_ms,
+            max_request_size=self.max_record_bytes + 64 * 1024,
             **s.client_kwargs,
         )
         consumer = AIOKafkaConsumer(
@@ -207,6 +224,8 @@ class CompactedTopic:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             request_timeout_ms=s.request_timeout_ms,
+            fetch_max_wait_ms=100,  # a record is read as soon as it is written, at most 100 ms idle
+            max_partition_fetch_bytes=max(1024 * 1024, self.max_record_bytes + 64 * 1024),
             **s.client_kwargs,
         )
         await producer.start()
@@ -218,7 +237,7 @@ class CompactedTopic:
                     raise ConnectionError(f"topic {self.topic} has no partitions visible yet")
                 assigned = [TopicPartition(self.topic, p) for p in sorted(parts)]
                 consumer.assign(assigned)
-                await consumer.seek_to_beginning(*assigned)
+                await self._seek_start(consumer, assigned)
                 ends = await consumer.end_offsets(assigned)
                 self._producer = producer
                 self._connected.set(1)
@@ -229,21 +248,41 @@ class CompactedTopic:
             finally:
                 self._producer = None
                 self._connected.set(0)
+                if self.on_state is not None:
+                    self.on_state(False)
                 await consumer.stop()
         finally:
             await producer.stop()
 
+    async def _seek_start(self, consumer: Any, assigned: list[Any]) -> None:
+        """From the beginning, or from ``history_seconds`` back where the topic can say."""
+        if self.history_seconds is None:
+            await consumer.seek_to_beginning(*assigned)
+            return
+        since = int((time.time() - self.history_seconds) * 1000)
+        found = await consumer.offsets_for_times({tp: since for tp in assigned})
+        ends = await consumer.end_offsets(assigned)
+        for tp in assigned:
+            hit = found.get(tp)
+            consumer.seek(tp, hit.offset if hit is not None else ends[tp])
+
     async def _follow(self, consumer: Any, ends: dict[Any, int]) -> None:
-        pending = {tp for tp, end in ends.items() if end > 0}
+        pending = {tp for tp, end in ends.items() if end > await consumer.position(tp)}
+        announced = not pending
         if not pending:
             self.caught_up.set()
+            if self.on_state is not None:
+                self.on_state(True)
         while not self._stopping:
             batches = await consumer.getmany(timeout_ms=500, max_records=1000)
             for tp, records in batches.items():
                 for record in records:
                     self._records.inc()
                     try:
-                        self.on_record(record.key, record.value)
+                        if self.on_timed_record is not None:
+                            self.on_timed_record(record.key, record.value, record.timestamp)
+                        else:
+                            self.on_record(record.key, record.value)
                     except Exception:  # a bad record must not stop the exchange
                         log.exception(
                             "exchange %s: record at offset %d not applied", self.topic, record.offset
@@ -254,8 +293,11 @@ class CompactedTopic:
                 for tp in list(pending):
                     if await consumer.position(tp) >= ends[tp]:
                         pending.discard(tp)
-            if not pending and not self.caught_up.is_set():
+            if not pending and not announced:
+                announced = True
                 self.caught_up.set()
+                if self.on_state is not None:
+                    self.on_state(True)
 
     async def _ensure_topic(self) -> None:
         from aiokafka.admin import AIOKafkaAdminClient, NewTopic

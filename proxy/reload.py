@@ -8,8 +8,7 @@ import logging
 from pathlib import Path
 
 from proxy.config import ConfigError, ProxyConfig, load_config, quotas_path
-from proxy.server import ProxyServer
-from quota.entities import any_cluster_scope
+from proxy.server import ProxyServer, cluster_wanted
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +53,9 @@ def apply(server: ProxyServer, new: ProxyConfig) -> list[str]:
         pending += server.volume.reconfigure(new)
     if server.cluster_quotas is not None:
         pending += server.cluster_quotas.reconfigure(new)
-    elif any_cluster_scope(new.quotas):
-        pending.append("quotas with scope cluster (the exchange starts at restart; until then per instance)")
+    elif cluster_wanted(new):
+        log.info("cluster quotas turned on by the reload: starting the exchange")
+        server.start_cluster_quotas(new)
     live = {k: getattr(new, k) for k in ProxyConfig.model_fields if k not in _RESTART_ONLY}
     server.cfg = old.model_copy(update=live)
     logging.getLogger().setLevel(new.log_level)

@@ -30,6 +30,14 @@ from proxy.volume_service import VolumeService
 from quota.entities import any_cluster_scope
 
 log = logging.getLogger(__name__)
+
+
+def cluster_wanted(cfg: ProxyConfig) -> bool:
+    """The exchange runs when enabled (the chart: more than one gateway replica) or when an
+    entity asks for ``scope: cluster``."""
+    return cfg.cluster_quotas.enabled or any_cluster_scope(cfg.quotas)
+
+
 handshake_log = RateLimitedLog(log)
 EXPIRY_SWEEP_SECONDS = 5.0  # how often idle quota state is looked for without traffic
 
@@ -62,9 +70,7 @@ class ProxyServer:
             VolumeService(cfg, self.metrics.registry, self.upstream_login) if cfg.volume.enabled else None
         )
         self.cluster_quotas = (
-            ClusterQuotaService(cfg, self.enforcer, self.metrics.registry)
-            if any_cluster_scope(cfg.quotas)
-            else None
+            ClusterQuotaService(cfg, self.enforcer, self.metrics.registry) if cluster_wanted(cfg) else None
         )
         # KIP-546: DescribeClientQuotas/AlterClientQuotas answered by the proxy (not in forward mode).
         self.quota_api = (
@@ -81,6 +87,7 @@ class ProxyServer:
         self._expiry_task: asyncio.Task[None] | None = None
         self._frame_deadline_task: asyncio.Task[None] | None = None
         self._opening: dict[int, asyncio.Task[None]] = {}
+        self.admin_port: int | None = None  # once the admin HTTP server listens
 
     def _capture_writer(self, cfg: ProxyConfig) -> CaptureWriter:
         if cfg.capture.sink == "kafka":
@@ -318,6 +325,14 @@ class ProxyServer:
             "a client TLS handshake failed (its certificate refused, no certificate where one is "
             "required, or the connection closed mid-handshake)",
         )
+
+    def start_cluster_quotas(self, cfg: ProxyConfig) -> None:
+        """Start the exchange on a running proxy (a reload turned quotas cluster-wide)."""
+        if self.cluster_quotas is not None:
+            return
+        self.cluster_quotas = ClusterQuotaService(cfg, self.enforcer, self.metrics.registry)
+        self.cluster_quotas.admin_port = self.admin_port
+        self.cluster_quotas.start()
 
     def port_of(self, name: str) -> int:
         return self.listeners[name].port

@@ -7,12 +7,13 @@ the proxy answers at once with the throttle time and then mutes the client conne
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from protocol import messages
 from protocol.api_keys import ApiKey, api_name
@@ -21,11 +22,14 @@ from protocol.schema import message_codec
 from proxy.metrics import ProxyMetrics
 from proxy.ratelog import RateLimitedLog
 from proxy.topic_names import TopicNames
+from quota.cluster import ClusterLink
+from quota.cluster_mutations import LogAdmission, MutationLog
+from quota.cluster_report import MutationRecord
 from quota.config import QuotaConfig
 from quota.connections import ConnectionRateQuotas
 from quota.entities import Bucket
 from quota.manager import ByteRateQuotas, Decision, FetchGrant, PartitionUsage
-from quota.mutations import MutationQuotas
+from quota.mutations import Admission, MutationQuotas
 from quota.producer_ids import ProducerIdQuotas
 from quota.request_time import RequestTimeQuotas, exempt
 
@@ -64,6 +68,14 @@ class FetchCharge(NamedTuple):
     refuse: bool = True  # answer empty with the throttle (Kafka); else deliver with it (steady)
 
 
+class MutationExchange(Protocol):
+    """Where cluster-wide mutation requests are decided (proxy/cluster_quotas.py)."""
+
+    async def admit_mutation(self, record: MutationRecord) -> LogAdmission | None: ...
+
+    def refund_mutation(self, record: MutationRecord) -> None: ...
+
+
 class QuotaEnforcer:
     """Shared by all pipelines of one proxy: the quota state, the topic names and the clock."""
 
@@ -92,6 +104,19 @@ class QuotaEnforcer:
         self.producer_ids = ProducerIdQuotas(cfg, now)
         self.request_time = RequestTimeQuotas(cfg, now)
         self.connections = ConnectionRateQuotas(cfg, now)
+        # One quota across gateway replicas (proxy/cluster_quotas.py), while the exchange runs.
+        self.cluster: ClusterLink | None = None
+        self.mutation_log = MutationLog()  # cluster-wide KIP-599 buckets, replayed from the topic
+        self.mutation_exchange: MutationExchange | None = None
+        self._mutation_requests = 0
+
+    def attach_cluster(self, link: ClusterLink, mutations: MutationExchange | None = None) -> None:
+        """The exchange runs: quotas of every entity not scoped to ``instance`` hold once across
+        the replicas from now on."""
+        self.cluster = link
+        self.produce.cluster = self.fetch.cluster = self.producer_ids.cluster = link
+        self.mutation_exchange = mutations
+        self.generation += 1
 
     def now_ms(self) -> float:
         return self.clock() * 1000.0
@@ -300,13 +325,13 @@ class QuotaEnforcer:
             why,
         )
 
-    def on_init_producer_id(self, user: str, client_id: str) -> int:
-        """A user over producer_ids_rate has its InitProducerId answered with the throttle its next
-        new id would meet, so the new producer waits before its first Produce (see
-        ProducerIdQuotas.pending_throttle_ms)."""
+    def on_init_producer_id(self, user: str, client_id: str, producer_id: int = -1) -> int:
+        """A user over producer_ids_rate has its InitProducerId answered with the throttle its
+        new id meets, so the new producer waits before its first Produce (see
+        ProducerIdQuotas.allocate)."""
         if not self.producer_ids.active or self.producer_ids.match(user) is None:
             return 0
-        throttle = self.producer_ids.pending_throttle_ms(user, self.now_ms())
+        throttle = self.producer_ids.allocate(user, producer_id, self.now_ms())
         if throttle:
             self._throttled("InitProducerId", throttle, "producer-ids", user, client_id, "user over its rate")
         return 0 if self.dry_run else throttle
@@ -378,11 +403,17 @@ class QuotaEnforcer:
     def mutation_quota_applies(self, user: str, client_id: str) -> bool:
         return self.mutations.active and self.mutations.match(user, client_id) is not None
 
-    def on_mutation(self, user: str, client_id: str, state: MutationState, peer: str) -> int:
+    async def on_mutation(self, user: str, client_id: str, state: MutationState, peer: str) -> int:
         """Decide which topics of a priced mutation request are admitted, and its throttle;
-        returns the throttle decided (applied unless in dry-run)."""
+        returns the throttle decided (applied unless in dry-run). A cluster-wide quota is
+        decided by the replay of the exchange topic, in its order, as the one controller would;
+        when the exchange does not answer, by this replica alone on its part of the quota."""
         strict = state.strict
-        admitted = self.mutations.admit(user, client_id, state.costs, strict, self.now_ms())
+        admitted = await self._admit_across_replicas(user, client_id, state)
+        if admitted is None:
+            shared = self._mutation_shared(user, client_id) and self.cluster is not None
+            scale = self.cluster.multiplier if shared and self.cluster is not None else 1.0
+            admitted = self.mutations.admit(user, client_id, state.costs, strict, self.now_ms(), scale)
         state.bucket = admitted.bucket
         name = api_name(state.api_key) or str(state.api_key)
         mode = "dry-run" if self.dry_run else "applied"
@@ -417,8 +448,45 @@ class QuotaEnforcer:
 
     def refund_mutations(self, state: MutationState, indexes: list[int]) -> None:
         """Give back tokens for admitted topics the broker refused (Kafka never charged them)."""
-        if state.bucket is not None:
-            self.mutations.refund(state.bucket, sum(state.costs[i] for i in indexes), self.now_ms())
+        if state.bucket is None:
+            return
+        amount = sum(state.costs[i] for i in indexes)
+        if state.record is not None and self.mutation_exchange is not None:
+            self.mutation_exchange.refund_mutation(dataclasses.replace(state.record, refund=amount))
+            return
+        self.mutations.refund(state.bucket, amount, self.now_ms())
+
+    def _mutation_shared(self, user: str, client_id: str) -> bool:
+        match = self.mutations.match(user, client_id)
+        return self.cluster is not None and match is not None and match.scope != "instance"
+
+    async def _admit_across_replicas(
+        self, user: str, client_id: str, state: MutationState
+    ) -> Admission | None:
+        """The replay's decision for a cluster-wide mutation quota (None: not cluster-wide, or
+        the exchange did not answer in time)."""
+        exchange, link = self.mutation_exchange, self.cluster
+        match = self.mutations.match(user, client_id)
+        if exchange is None or link is None or match is None or match.scope == "instance" or link.local_only:
+            return None
+        self._mutation_requests += 1
+        window = self.cfg.controller_window
+        record = MutationRecord(
+            "",  # the exchange fills in its instance
+            self._mutation_requests,
+            user,
+            client_id,
+            match.bucket,
+            tuple(state.costs),
+            state.strict,
+            match.quota * link.multiplier,
+            window.num * window.size_seconds,
+        )
+        decided = await exchange.admit_mutation(record)
+        if decided is None:
+            return None
+        state.record = record
+        return Admission(decided.accepted, decided.throttle_ms, match.bucket, match, decided.tokens)
 
     def _count(self, api_key: int, decision: Decision, user: str, client_id: str) -> None:
         if decision.throttled:

@@ -36,6 +36,9 @@ from quota.keys import (
     REQUEST_PERCENTAGE,
 )
 
+# The quotas an entity's ``scope`` applies to (one across gateway replicas, or per replica).
+SCOPED_KEYS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, CONTROLLER_MUTATION_RATE, PRODUCER_IDS_RATE)
+
 USER: Final = "user"
 CLIENT_ID: Final = "client-id"
 IP: Final = "ip"
@@ -362,10 +365,8 @@ def apply_overlay(cfg: QuotaConfig, overlay: Overlay) -> QuotaConfig:
                 section.pop(key, None)
             else:
                 section[key] = value
-        if section.get("scope") == "cluster" and not (
-            PRODUCER_BYTE_RATE in section or CONSUMER_BYTE_RATE in section
-        ):
-            section.pop("scope")  # no byte rate left to share across instances
+        if section.get("scope") is not None and not any(key in section for key in SCOPED_KEYS):
+            section.pop("scope")  # no quota left that a scope applies to
     return QuotaConfig.model_validate(data)
 
 

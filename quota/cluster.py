@@ -1,222 +1,261 @@
-"""Byte-rate quotas that hold across proxy instances (``scope: cluster``).
+"""One quota across gateway replicas: who shares the quotas, and how much of each applies here.
 
-KIP-13 left cluster-wide quotas out: each broker enforced its own share. Here every instance
-publishes, once per interval, the rate it measured for each cluster-scoped bucket (its own share of
-the traffic), and reads the others'. A bucket's rate is then its local rate plus the fresh rates of
-the other instances, and Kafka's throttle formula runs on that sum: with the same throttle applied
-on every instance, each client's share slows by the same factor and the sum converges to the quota.
+Every replica counts what its own clients use of each cluster-wide quota and reports it, a few
+times a second, through a topic on the Kafka cluster the gateway fronts (quota/cluster_report.py).
+Each replica adds the others' usage into the same token buckets its own clients draw from, so a
+client's bucket drains at the rate of all its connections on all replicas together, and the
+throttle every replica computes is the throttle one proxy seeing everything would compute. Nothing
+is divided up in advance: when load moves between replicas (clients stop, or a replica dies and
+its clients reconnect elsewhere), the usage left is all there is, and it meets the whole quota.
 
-When the exchange cannot be trusted (this instance has not read its own report back within the
-staleness: the topic is down or lagging), each instance falls back to ``quota / n``, ``n`` the
-instances last seen live, and says so (``fallback``).
+When the exchange cannot be trusted, every replica must hold its quotas so that together they
+never exceed them:
 
-Sans-IO: reports are bytes in and out, times are passed in ms.
+- a replica that has not read its own latest report back within ``staleness`` (the topic is down,
+  or this replica is cut off from it) holds each quota divided by the number of replicas last
+  seen, on its own clients alone (``local_only``);
+- the others notice that replica's reports stop. Silence alone cannot tell a replica that died
+  from one cut off, so they ask it (a liveness probe of its admin endpoint, the address it
+  reported): one that answers, or cannot be reached yet, is cut off and keeps its part (quota /
+  replicas), and the rest share what is left (``multiplier`` = 1 - cut off / replicas); one whose
+  port refuses, or where another process answers, is gone and its part is free at once. A replica
+  that cannot be reached at all for ``peer_grace`` is taken as gone.
+
+Sans-IO: every call takes the time (ms, the caller's monotonic clock); the caller publishes,
+reads the topic and runs the probes.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from enum import Enum
 
-Bucket = tuple[str, str]
-PRODUCE_KIND, FETCH_KIND = "p", "f"
-REPORT_VERSION = 1
+from quota.cluster_report import UsageReport
 
 
-class ReportError(ValueError):
-    """A usage report that cannot be read: skipped (its instance then counts as silent)."""
-
-
-@dataclass(frozen=True, slots=True)
-class UsageReport:
-    """One instance's rates per cluster-scoped bucket at ``at_ms`` (bytes per second)."""
-
-    instance: str
-    at_ms: float
-    rates: tuple[tuple[str, str, str, float], ...]  # kind, user, client_id, rate
-
-    def encode(self) -> bytes:
-        doc = {
-            "v": REPORT_VERSION,
-            "instance": self.instance,
-            "at_ms": int(self.at_ms),
-            "rates": [[k, u, c, round(r, 1)] for k, u, c, r in self.rates],
-        }
-        return json.dumps(doc, separators=(",", ":")).encode()
-
-    @staticmethod
-    def decode(data: bytes) -> UsageReport:
-        try:
-            doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ReportError(f"not JSON: {exc}") from exc
-        if not isinstance(doc, dict) or doc.get("v") != REPORT_VERSION:
-            raise ReportError(f"not a usage report of version {REPORT_VERSION}")
-        instance, at_ms, rates = doc.get("instance"), doc.get("at_ms"), doc.get("rates")
-        if not isinstance(instance, str) or not instance:
-            raise ReportError("instance: must be a non-empty string")
-        if not isinstance(at_ms, int) or isinstance(at_ms, bool):
-            raise ReportError("at_ms: must be an integer")
-        if not isinstance(rates, list):
-            raise ReportError("rates: must be a list")
-        out = []
-        for i, item in enumerate(rates):
-            ok = (
-                isinstance(item, list)
-                and len(item) == 4
-                and item[0] in (PRODUCE_KIND, FETCH_KIND)
-                and isinstance(item[1], str)
-                and isinstance(item[2], str)
-                and isinstance(item[3], int | float)
-                and not isinstance(item[3], bool)
-                and math.isfinite(item[3])
-                and item[3] >= 0
-            )
-            if not ok:
-                raise ReportError(f"rates[{i}]: must be [kind p|f, user, client_id, rate >= 0]")
-            out.append((item[0], item[1], item[2], float(item[3])))
-        return UsageReport(instance, float(at_ms), tuple(out))
+class ProbeOutcome(Enum):
+    ALIVE = "alive"  # it answered with its own instance id: cut off from the exchange, not dead
+    GONE = "gone"  # refused, or another instance answered: its clients are elsewhere now
+    UNREACHABLE = "unreachable"  # no answer in time: counted as cut off until peer_grace
 
 
 @dataclass(frozen=True, slots=True)
-class ClusterStatus:
-    instances: int  # live instances, this one included
-    fallback: bool  # the exchange is not trusted: quota / instances applies
-    own_lag_ms: float | None  # age of this instance's latest report read back (None: never)
+class ClusterMode:
+    """How this replica holds its cluster-wide quotas now."""
+
+    multiplier: float  # each quota applies here at quota x multiplier
+    local_only: bool  # the others' usage is not added: this replica holds its part alone
+    instances: int  # replicas sharing the quotas (this one, those live, those cut off)
+    reason: str  # why not the normal exchange ("" when normal)
+    cut_off: tuple[str, ...] = ()  # replicas holding their part alone
+
+    @property
+    def fallback(self) -> bool:
+        return bool(self.reason)
 
 
-class ClusterView(Protocol):
-    """What ByteRateQuotas asks of the exchange (ClusterRates, or an adapter of its clock)."""
-
-    def share(self, kind: str, bucket: Bucket, quota: float, local_rate: float, now_ms: float) -> float: ...
+NORMAL = ClusterMode(1.0, False, 1, "")
 
 
-class ClusterRates:
-    """The other instances' rates per bucket, and whether the exchange can be trusted."""
+class ClusterLink:
+    """What the quota tables read at each request while the exchange runs: the mode, refreshed
+    by the exchange a few times a second (plain attributes: nothing is computed per request)."""
 
-    def __init__(self, instance: str, staleness_ms: float, now_ms: float, assumed_instances: int = 1) -> None:
+    __slots__ = ("instances", "local_only", "multiplier")
+
+    def __init__(self) -> None:
+        self.multiplier = 1.0
+        self.local_only = False
+        self.instances = 1
+
+    def set_mode(self, mode: ClusterMode) -> None:
+        self.multiplier, self.local_only, self.instances = mode.multiplier, mode.local_only, mode.instances
+
+
+class _Peer:
+    __slots__ = ("address", "at_ms", "fallback", "heard_ms", "probe", "probe_due_ms", "seq")
+
+    def __init__(self, report: UsageReport, now_ms: float) -> None:
+        self.address = report.address
+        self.seq = report.seq
+        self.at_ms = report.at_ms
+        self.heard_ms = now_ms
+        self.fallback = report.fallback
+        self.probe: ProbeOutcome | None = None
+        self.probe_due_ms = 0.0
+
+
+class ClusterMembership:
+    """The replicas this one shares quotas with, and the mode that follows (sans-IO)."""
+
+    def __init__(
+        self,
+        instance: str,
+        replicas: int,
+        staleness_ms: float,
+        now_ms: float,
+        peer_grace_ms: float = 30_000.0,
+        probe_interval_ms: float = 1000.0,
+    ) -> None:
         self.instance = instance
+        self.replicas = max(1, replicas)  # assumed until the exchange has told
         self.staleness_ms = staleness_ms
-        self._started_ms = now_ms
-        self._reports: dict[str, UsageReport] = {}  # other instances, latest
-        self._remote: dict[tuple[str, Bucket], tuple[float, int]] = {}  # over fresh reports
-        self._remote_at_ms = -math.inf  # when _remote was summed
-        self._own_seen_ms: float | None = None  # SnapshotAt of our latest report read back
-        self._own: dict[tuple[str, Bucket], float] = {}  # its rates, as the others read them
-        self.round_trip_ms: float | None = None  # publish to read-back of the latest own report
-        self._last_live = max(1, assumed_instances)  # until the exchange has told
+        self.peer_grace_ms = peer_grace_ms
+        self.probe_interval_ms = probe_interval_ms
+        self.started_ms = now_ms
+        self.peers: dict[str, _Peer] = {}
+        self.caught_up = False  # the topic's recent history has been read since (re)connecting
+        self._published: dict[int, float] = {}  # own seq -> when published (for the round trip)
+        self.own_seen_ms: float | None = None  # when our latest report came back
+        self.round_trip_ms: float | None = None
+        self.last_instances: int | None = None  # the count last seen while the exchange worked
+        self.skipped_legacy = 0
 
-    def reconfigure(self, staleness_ms: float) -> None:
+    def reconfigure(self, replicas: int, staleness_ms: float) -> None:
+        self.replicas = max(1, replicas)
         self.staleness_ms = staleness_ms
-        self._remote_at_ms = -math.inf
 
-    def update(self, report: UsageReport, now_ms: float | None = None) -> None:
-        """A report read from the topic (this instance's own included: that proves the loop;
-        ``now_ms`` then gives the exchange's round trip, ``round_trip_ms``)."""
+    # --- what comes in ---------------------------------------------------------------------
+
+    def published(self, seq: int, now_ms: float) -> None:
+        """This replica sent report ``seq`` (acknowledged by the broker)."""
+        self._published[seq] = now_ms
+        if len(self._published) > 64:
+            for old in sorted(self._published)[:-32]:
+                del self._published[old]
+
+    def disconnected(self) -> None:
+        """The exchange client lost the topic: reading restarts from recent history."""
+        self.caught_up = False
+
+    def accept(self, report: UsageReport, now_ms: float) -> float | None:
+        """Take a report read from the topic; the factor its values are to be added with, or
+        None when they are not to be added.
+
+        Usage is added only once the topic's recent history has been read (``caught_up``): what
+        the replicas used before this one (re)joined is past. A report is added once (by its
+        sequence number, so reading the topic again after a reconnection adds nothing twice),
+        and not from a replica that holds its part alone (``fallback``): its part is set aside.
+        A version 1 report holds rates: the factor is the seconds since that replica's previous
+        one (at most the staleness), which turns them into usage.
+        """
         if report.instance == self.instance:
-            if now_ms is not None:
-                self.round_trip_ms = now_ms - report.at_ms
-            if self._own_seen_ms is None or report.at_ms >= self._own_seen_ms:
-                self._own_seen_ms = report.at_ms
-                self._own = {(k, (u, c)): r for k, u, c, r in report.rates}
-            return
-        held = self._reports.get(report.instance)
-        if held is None or report.at_ms >= held.at_ms:
-            self._reports[report.instance] = report
-            self._remote_at_ms = -math.inf
+            sent = self._published.pop(report.seq, None)
+            if sent is not None:
+                self.round_trip_ms = now_ms - sent
+                self.own_seen_ms = now_ms
+            return None
+        if report.leaving:
+            self.peers.pop(report.instance, None)
+            return None
+        peer = self.peers.get(report.instance)
+        if peer is None:
+            self.peers[report.instance] = _Peer(report, now_ms)
+            usable = self.caught_up and not report.fallback and not report.legacy_rates
+            return 1.0 if usable else None
+        if report.legacy_rates:
+            elapsed = min(max(0.0, report.at_ms - peer.at_ms), self.staleness_ms) / 1000.0
+            factor: float | None = elapsed if elapsed > 0 else None
+        elif report.seq <= peer.seq:
+            return None  # read again after a reconnection, or out of order
+        else:
+            factor = 1.0
+        peer.address, peer.seq, peer.fallback = report.address, report.seq, report.fallback
+        peer.at_ms, peer.heard_ms, peer.probe = report.at_ms, now_ms, None
+        return factor if self.caught_up and not report.fallback else None
 
     def forget(self, instance: str) -> None:
-        if self._reports.pop(instance, None) is not None:
-            self._remote_at_ms = -math.inf
+        self.peers.pop(instance, None)
 
-    def _fresh(self, report: UsageReport, now_ms: float) -> bool:
-        return now_ms - report.at_ms <= self.staleness_ms
+    # --- liveness probes ---------------------------------------------------------------------
 
-    def status(self, now_ms: float) -> ClusterStatus:
-        live = 1 + sum(1 for r in self._reports.values() if self._fresh(r, now_ms))
-        own = self._own_seen_ms
-        lag = None if own is None else now_ms - own
-        trusted = lag is not None and lag <= self.staleness_ms
-        if trusted:
-            self._last_live = live
-        elif own is None and now_ms - self._started_ms <= self.staleness_ms:
-            # Just started: the first report has not come back yet, nor maybe the others'.
-            return ClusterStatus(max(live, self._last_live), False, lag)
-        return ClusterStatus(live if trusted else self._last_live, not trusted, lag)
+    def _silent(self, peer: _Peer, now_ms: float) -> bool:
+        return now_ms - peer.heard_ms > self.staleness_ms
+
+    def probes_due(self, now_ms: float) -> list[tuple[str, str]]:
+        """(instance, address) of the silent replicas to ask now whether they are alive."""
+        due = []
+        for name, peer in self.peers.items():
+            if self._silent(peer, now_ms) and peer.address and now_ms >= peer.probe_due_ms:
+                peer.probe_due_ms = now_ms + self.probe_interval_ms
+                due.append((name, peer.address))
+        return due
+
+    def probe_result(self, instance: str, outcome: ProbeOutcome, now_ms: float) -> None:
+        peer = self.peers.get(instance)
+        if peer is None or not self._silent(peer, now_ms):
+            return  # it spoke meanwhile
+        if outcome is ProbeOutcome.GONE:
+            del self.peers[instance]
+        else:
+            peer.probe = outcome
+
+    def _expire(self, now_ms: float) -> None:
+        """Forget silent replicas that cannot be asked, and those that have not answered a probe
+        (unreachable) past the grace; one that answers keeps its part for as long as it does."""
+        for name in list(self.peers):
+            peer = self.peers[name]
+            if not self._silent(peer, now_ms):
+                continue
+            answered = peer.probe is ProbeOutcome.ALIVE
+            if not peer.address or (not answered and now_ms - peer.heard_ms > self.peer_grace_ms):
+                del self.peers[name]
+
+    # --- the mode ----------------------------------------------------------------------------
+
+    def connected(self, now_ms: float) -> bool:
+        """Our own latest reports come back: what we read of the others is current."""
+        seen = self.own_seen_ms
+        return self.caught_up and seen is not None and now_ms - seen <= self.staleness_ms
+
+    def mode(self, now_ms: float) -> ClusterMode:
+        self._expire(now_ms)
+        if not self.connected(now_ms):
+            n = self.last_instances or self.replicas
+            if self.own_seen_ms is None:
+                why = "the exchange has not answered yet (starting)"
+            elif not self.caught_up:
+                why = "reconnecting to the exchange"
+            else:
+                silent = (now_ms - self.own_seen_ms) / 1000
+                why = f"this replica's reports have not come back for {silent:.1f} s"
+            return ClusterMode(1.0 / n, True, n, why)
+        live = cut = 0
+        cut_names = []
+        for name, peer in self.peers.items():
+            if self._silent(peer, now_ms) or peer.fallback:
+                cut += 1
+                cut_names.append(name)
+            else:
+                live += 1
+        n = 1 + live + cut
+        self.last_instances = n
+        if not cut:
+            return ClusterMode(1.0, False, n, "")
+        names = ", ".join(sorted(cut_names))
+        why = f"{cut} of {n} replicas hold their part alone (cut off from the exchange): {names}"
+        return ClusterMode(1.0 - cut / n, False, n, why, tuple(sorted(cut_names)))
 
     def describe(self, now_ms: float) -> dict[str, object]:
-        """For the admin endpoint: this instance, the exchange's health, the others' reports."""
-        st = self.status(now_ms)
+        """For the admin endpoint."""
+        mode = self.mode(now_ms)
         return {
             "instance": self.instance,
-            "instances": st.instances,
-            "fallback": st.fallback,
-            "own_lag_ms": st.own_lag_ms,
+            "instances": mode.instances,
+            "fallback": mode.fallback,
+            "reason": mode.reason,
+            "multiplier": round(mode.multiplier, 4),
+            "local_only": mode.local_only,
+            "own_lag_ms": self.round_trip_ms,
             "staleness_ms": self.staleness_ms,
             "others": [
                 {
-                    "instance": r.instance,
-                    "age_ms": now_ms - r.at_ms,
-                    "fresh": self._fresh(r, now_ms),
-                    "rates": [list(x) for x in r.rates[:50]],
-                    "buckets": len(r.rates),
+                    "instance": name,
+                    "address": peer.address,
+                    "silent_ms": round(now_ms - peer.heard_ms),
+                    "fallback": peer.fallback,
+                    "probe": peer.probe.value if peer.probe else None,
                 }
-                for r in sorted(self._reports.values(), key=lambda r: r.instance)
+                for name, peer in sorted(self.peers.items())
             ],
         }
-
-    def _totals(self, now_ms: float) -> dict[tuple[str, Bucket], tuple[float, int]]:
-        """Per (kind, bucket): the other instances' fresh rates summed, and how many report it
-        (recomputed at most every 100 ms)."""
-        if now_ms - self._remote_at_ms > 100.0 or now_ms < self._remote_at_ms:
-            totals: dict[tuple[str, Bucket], tuple[float, int]] = {}
-            for report in self._reports.values():
-                if not self._fresh(report, now_ms):
-                    continue
-                for k, user, client_id, rate in report.rates:
-                    key = (k, (user, client_id))
-                    total, count = totals.get(key, (0.0, 0))
-                    totals[key] = (total + rate, count + 1)
-            self._remote = totals
-            self._remote_at_ms = now_ms
-            stale = [i for i, r in self._reports.items() if now_ms - r.at_ms > 10 * self.staleness_ms]
-            for instance in stale:  # long gone: drop, so the table stays bounded
-                del self._reports[instance]
-        return self._remote
-
-    def remote_rate(self, kind: str, bucket: Bucket, now_ms: float) -> float:
-        """The other instances' fresh rates for a bucket, summed."""
-        return self._totals(now_ms).get((kind, bucket), (0.0, 0))[0]
-
-    def share(self, kind: str, bucket: Bucket, quota: float, local_rate: float, now_ms: float) -> float:
-        """This instance's part of a cluster quota, enforced on its local rate.
-
-        Fallback (exchange not trusted): quota / instances. Else, with d the rates of the
-        instances serving the bucket as last reported (this one's too: every instance computes
-        from the same figures, so the parts sum to the quota), n of them,
-        and a margin m = quota / (4 n): quota x (d_self + m) / (sum d + n m). The parts sum to
-        the quota; an instance whose clients want less than its part gives the rest to the others,
-        and when all want more the parts converge to quota / n (each step moves a fifth of the
-        way). Enforcing a part on the local rate keeps the throttle as immediate as Kafka's own,
-        where throttling the summed rate would react to the others' bursts a report late.
-        """
-        status = self.status(now_ms)
-        if status.fallback:
-            return quota / status.instances
-        if self._own_seen_ms is None:  # no report has come back yet: assume the others exist
-            return quota / status.instances
-        others, count = self._totals(now_ms).get((kind, bucket), (0.0, 0))
-        if count == 0:
-            return quota
-        n = count + 1
-        margin = quota / (4 * n)
-        mine = self._own.get((kind, bucket), 0.0)
-        return quota * (mine + margin) / (others + mine + n * margin)
-
-
-def report(instance: str, now_ms: float, rates: Iterable[tuple[str, Bucket, float]]) -> UsageReport:
-    """This instance's report from (kind, bucket, rate) of its cluster-scoped buckets."""
-    return UsageReport(instance, now_ms, tuple((k, b[0], b[1], r) for k, b, r in rates if r > 0))

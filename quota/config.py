@@ -59,14 +59,26 @@ class ClientQuotas(_Strict):
     request_percentage: Rate | None = Field(None, gt=0)
     controller_mutation_rate: Rate | None = Field(None, gt=0)
     producer_ids_rate: Rate | None = Field(None, gt=0)
-    # cluster: producer_byte_rate and consumer_byte_rate hold across all proxy instances (the
-    # rates are shared through the cluster-quota exchange); instance: each proxy alone, as Kafka.
-    scope: Literal["instance", "cluster"] = "instance"
+    # Where the entity's byte rates, controller_mutation_rate and producer_ids_rate hold, when
+    # the gateway runs as several replicas. cluster: once across all replicas (the usage goes
+    # through the cluster-quota exchange); instance: each replica alone (N replicas allow N
+    # times the quota). Unset: cluster when the exchange runs (cluster_quotas.enabled), else
+    # instance. request_percentage and connection_creation_rate always hold per replica.
+    scope: Literal["instance", "cluster"] | None = None
 
     @model_validator(mode="after")
-    def _scope_of_byte_rates(self) -> ClientQuotas:
-        if self.scope == "cluster" and self.producer_byte_rate is None and self.consumer_byte_rate is None:
-            raise ValueError("scope cluster applies to producer_byte_rate and consumer_byte_rate: set one")
+    def _scope_of_shared_quotas(self) -> ClientQuotas:
+        shared = (
+            self.producer_byte_rate,
+            self.consumer_byte_rate,
+            self.controller_mutation_rate,
+            self.producer_ids_rate,
+        )
+        if self.scope is not None and all(value is None for value in shared):
+            raise ValueError(
+                f"scope {self.scope} applies to producer_byte_rate, consumer_byte_rate, "
+                "controller_mutation_rate and producer_ids_rate: set one"
+            )
         return self
 
     def get(self, key: str) -> Rate | None:
@@ -81,6 +93,9 @@ class UserQuotas(ClientQuotas):
 class TopicQuotas(_Strict):
     producer_byte_rate: Rate | None = Field(None, gt=0, alias=TOPIC_PRODUCER_BYTE_RATE)
     consumer_byte_rate: Rate | None = Field(None, gt=0, alias=TOPIC_CONSUMER_BYTE_RATE)
+    # As ClientQuotas.scope: each partition's quota once across the gateway's replicas, or per
+    # replica (instance).
+    scope: Literal["instance", "cluster"] | None = None
 
 
 class WindowConfig(_Strict):
@@ -109,6 +124,10 @@ class ProducerIdOptions(_Strict):
     window: WindowConfig = Field(default_factory=_producer_id_window)
     false_positive_rate: float = Field(0.001, gt=0, lt=0.5)
     max_bytes_per_user: int = Field(131072, ge=256, le=64 * 1024 * 1024)
+    # steady: a user's new ids are paid into a token bucket at the quota (holding the window's
+    # burst), and an InitProducerId is charged for the id it hands out, so producers started
+    # together are spaced out at the quota; kafka: KIP-936's windowed rate, charged at Produce.
+    shaping: Literal["steady", "kafka"] = "steady"
 
 
 class QuotaConfig(_Strict):

@@ -26,7 +26,7 @@ class Match:
     level: int
     bucket: Bucket
     quota: float
-    cluster: bool = False  # scope: cluster (quota/cluster.py)
+    scope: str | None = None  # the entity's scope: "instance", "cluster", or None (the default)
 
 
 def _levels(cfg: QuotaConfig, user: str, client_id: str) -> list[tuple[int, ClientQuotas | None, Bucket]]:
@@ -55,7 +55,7 @@ def resolve(cfg: QuotaConfig, user: str, client_id: str, key: str) -> Match | No
         if quotas is not None:
             value = quotas.get(key)
             if value is not None:
-                return Match(level, bucket, value, quotas.scope == "cluster")
+                return Match(level, bucket, value, quotas.scope)
     return None
 
 
@@ -68,10 +68,21 @@ def any_entity_quota(cfg: QuotaConfig, key: str) -> bool:
 
 
 def any_cluster_scope(cfg: QuotaConfig) -> bool:
-    """Whether any entity's byte rates hold cluster-wide (the exchange is needed then)."""
+    """Whether any entity or topic asks for ``scope: cluster`` (the exchange is needed then)."""
     entities = [*cfg.clients.values(), *cfg.users.values()]
     entities += [c for u in cfg.users.values() for c in u.clients.values()]
-    return any(q.scope == "cluster" for q in entities)
+    return any(q.scope == "cluster" for q in entities) or any(
+        t.scope == "cluster" for t in cfg.topics.values()
+    )
+
+
+def topic_scope(cfg: QuotaConfig, topic: str) -> str | None:
+    """The scope of the quota entry that gives a topic its partition quota (as topic_quota)."""
+    for name in (topic, DEFAULT):
+        quotas = cfg.topics.get(name)
+        if quotas is not None and (quotas.producer_byte_rate or quotas.consumer_byte_rate):
+            return quotas.scope
+    return None
 
 
 def topic_quota(cfg: QuotaConfig, topic: str, produce: bool) -> float | None:

@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from quota.cluster import FETCH_KIND, PRODUCE_KIND, ClusterView
-from quota.entities import Bucket, Match, any_entity_quota, resolve, topic_quota
+from quota.cluster import ClusterLink
+from quota.entities import Bucket, Match, any_entity_quota, resolve, topic_quota, topic_scope
 from quota.keys import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from quota.rate import SampledRate, throttle_time_ms
 from quota.token_bucket import TokenBucket
@@ -23,6 +23,9 @@ PartitionKey = tuple[str, int]
 # A grant not given back within this long is forgotten (a client's default request.timeout.ms):
 # a fetch whose answer never came must not keep its entity's allowance small for ever.
 GRANT_MAX_AGE_MS = 30_000.0
+# Another replica's usage of a bucket this recent means the bucket is served by several replicas
+# at once (a fetch allowance is then split between them).
+SHARED_RECENT_MS = 2_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +96,25 @@ class ByteRateQuotas:
         self._topic_quotas: dict[str, float | None] = {}
         self._last_expiry_ms = now_ms
         self.active = self._any_quota(cfg)
-        # Cluster scope (quota/cluster.py): the other instances' rates, when the exchange runs.
-        self.cluster: ClusterView | None = None
-        self.cluster_buckets: set[Bucket] = set()
-        self.kind = PRODUCE_KIND if produce else FETCH_KIND
+        # One quota across gateway replicas (quota/cluster.py), while the exchange runs: this
+        # replica's usage of shared buckets since its last report, the others' usage not yet
+        # added to the buckets, and the buckets under pressure (reported more often).
+        self.cluster: ClusterLink | None = None
+        self.pending: dict[Bucket, float] = {}
+        self.partition_pending: dict[PartitionKey, float] = {}
+        self.remote: dict[Bucket, float] = {}
+        self.partition_remote: dict[PartitionKey, float] = {}
+        # The others' usage that waited more than half a window for a use here (buckets only
+        # other replicas serve): kept one more half window, then it is past history.
+        self.remote_old: dict[Bucket, float] = {}
+        self.partition_remote_old: dict[PartitionKey, float] = {}
+        self._aged_ms = now_ms
+        self.remote_ms: dict[Bucket, float] = {}  # when another replica's usage was last added
+        # The lowest bucket level another replica told for a bucket under pressure, and when.
+        self.remote_levels: dict[Bucket | PartitionKey, tuple[float, float]] = {}
+        self.remote_rates: dict[Bucket, SampledRate] = {}  # the others' part of a bucket's rate
+        self.hot: set[Bucket | PartitionKey] = set()
+        self._partition_shared: dict[str, bool] = {}
 
     def reconfigure(self, cfg: QuotaConfig) -> None:
         """Apply a new config; rates measured so far are kept (Kafka keeps its sensors)."""
@@ -110,7 +128,7 @@ class ByteRateQuotas:
             self.partition_shapers.clear()
         self._matches.clear()
         self._topic_quotas.clear()
-        self.cluster_buckets.clear()  # matched again, with the new scopes, at the next request
+        self._partition_shared.clear()
         self.active = self._any_quota(cfg)
 
     def _any_quota(self, cfg: QuotaConfig) -> bool:
@@ -148,6 +166,12 @@ class ByteRateQuotas:
             rate = table[key] = SampledRate(self.window, now_ms)  # type: ignore[index]
         return rate
 
+    def shared(self, match: Match | None) -> bool:
+        """Whether this entity's bucket holds once across replicas (the exchange runs and the
+        entity's scope is not ``instance``). An entity without a quota is shared too: its usage
+        is known everywhere the day a quota is set on it."""
+        return self.cluster is not None and (match is None or match.scope != "instance")
+
     def record(
         self, user: str, client_id: str, size: int, partitions: Iterable[PartitionUsage], now_ms: float
     ) -> Decision:
@@ -155,21 +179,32 @@ class ByteRateQuotas:
         match = self.match(user, client_id)
         bucket = match.bucket if match is not None else ("", client_id)
         rate = self._rate(self.clients, bucket, now_ms)
-        rate.record(size, now_ms)
-        measured = rate.measure(now_ms)
+        quota = match.quota if match is not None else 0.0
+        cluster = self.cluster
+        if cluster is not None and (match is None or match.scope != "instance"):
+            self.pending[bucket] = self.pending.get(bucket, 0.0) + size
+            if self.remote:
+                self._fold(bucket, rate, now_ms)
+            quota *= cluster.multiplier
         client_ms = 0
         shaped = self.shaped(match)
+        shaper = None
         if shaped:
             assert match is not None
-            shaper = self._bucket(self.shapers, match.bucket, match.quota, now_ms)
+            # Made before this request is recorded: a new bucket holds what the recent traffic
+            # (the others' included) leaves of the quota.
+            shaper = self._bucket(self.shapers, bucket, quota, now_ms, rate, match.quota)
+        rate.record(size, now_ms)
+        measured = rate.measure(now_ms)
+        if shaper is not None:
             shaper.record(size, now_ms)
             client_ms = shaper.throttle_ms(now_ms)
+            if cluster is not None and (client_ms or shaper.tokens(now_ms) < shaper.burst / 2):
+                self.hot.add(bucket)
         elif match is not None:
-            client_quota = match.quota
-            if match.cluster and self.cluster is not None:
-                self.cluster_buckets.add(bucket)
-                client_quota = self.cluster.share(self.kind, bucket, client_quota, measured, now_ms)
-            client_ms = throttle_time_ms(measured, client_quota, rate.window_ms(now_ms))
+            client_ms = throttle_time_ms(measured, quota, rate.window_ms(now_ms))
+            if cluster is not None and client_ms:
+                self.hot.add(bucket)
         rate.throttled_ms += client_ms
         part_ms, worst = self.record_partitions(partitions, now_ms)
         self.maybe_expire(now_ms)
@@ -185,20 +220,132 @@ class ByteRateQuotas:
             partitions_shaped=self.steady,
         )
 
+    # --- one quota across replicas ----------------------------------------------------------------
+
+    def _fold(self, bucket: Bucket, rate: SampledRate, now_ms: float) -> None:
+        """Add the others' usage of ``bucket`` that came in since this replica last looked."""
+        amount = self.remote.pop(bucket, 0.0)
+        if self.remote_old:
+            amount += self.remote_old.pop(bucket, 0.0)
+        if not amount:
+            return
+        rate.record(amount, now_ms)
+        others = self.remote_rates.get(bucket)
+        if others is None:
+            others = self.remote_rates[bucket] = SampledRate(self.window, now_ms)
+        others.record(amount, now_ms)
+        self.remote_ms[bucket] = now_ms
+        shaper = self.shapers.get(bucket)
+        if shaper is not None:
+            shaper.record(amount, now_ms)
+
+    def _fold_partition(self, key: PartitionKey, rate: SampledRate, now_ms: float) -> None:
+        amount = self.partition_remote.pop(key, 0.0)
+        if self.partition_remote_old:
+            amount += self.partition_remote_old.pop(key, 0.0)
+        if not amount:
+            return
+        rate.record(amount, now_ms)
+        shaper = self.partition_shapers.get(key)
+        if shaper is not None:
+            shaper.record(amount, now_ms)
+
+    def _age_remote(self, now_ms: float) -> None:
+        """Every half window, the others' usage still waiting for a use here moves to the old
+        generation, and what was there goes: a bucket that comes to this replica (its clients'
+        replica stopped) starts from the last half to whole window of the others' usage, not full."""
+        if now_ms - self._aged_ms < self._span_ms / 2:
+            return
+        self._aged_ms = now_ms
+        self.remote_old, self.remote = self.remote, {}
+        self.partition_remote_old, self.partition_remote = self.partition_remote, {}
+        if self.remote_levels:
+            old = now_ms - 2 * self.window.size_ms
+            self.remote_levels = {k: v for k, v in self.remote_levels.items() if v[1] >= old}
+
+    @property
+    def _span_ms(self) -> float:
+        return self.window.num * self.window.size_ms
+
+    def add_remote(self, bucket: Bucket, amount: float, now_ms: float) -> None:
+        """Another replica's usage of a bucket: added to it at its next use here."""
+        self._age_remote(now_ms)
+        self.remote[bucket] = self.remote.get(bucket, 0.0) + amount
+
+    def add_remote_many(self, usage: Iterable[tuple[Bucket, float]], now_ms: float) -> None:
+        """``add_remote`` for a whole report at once (10,000 entries cost a few milliseconds)."""
+        self._age_remote(now_ms)
+        remote = self.remote
+        get = remote.get
+        for bucket, amount in usage:
+            remote[bucket] = get(bucket, 0.0) + amount
+
+    def add_remote_partition(self, key: PartitionKey, amount: float, now_ms: float) -> None:
+        self._age_remote(now_ms)
+        self.partition_remote[key] = self.partition_remote.get(key, 0.0) + amount
+
+    def take_pending(
+        self, hot_only: bool = False, now_ms: float = 0.0
+    ) -> tuple[list[tuple[Bucket, float, float]], list[tuple[PartitionKey, float, float]]]:
+        """This replica's usage of shared buckets and partitions since its last report, emptied,
+        with the level of those under pressure (NaN for the others); with ``hot_only``, only of
+        those under pressure (the rest wait for the next full report)."""
+        hot = self.hot
+        if hot_only:
+            bucket_keys = [b for b in self.pending if b in hot]
+            part_keys = [p for p in self.partition_pending if p in hot]
+        else:
+            bucket_keys, part_keys = list(self.pending), list(self.partition_pending)
+        level, pending, partition_pending = self._level, self.pending, self.partition_pending
+        buckets = [(b, pending.pop(b), level(self.shapers, b, now_ms)) for b in bucket_keys]
+        parts = [(p, partition_pending.pop(p), level(self.partition_shapers, p, now_ms)) for p in part_keys]
+        if not hot_only:
+            self.hot = set()
+        return buckets, parts
+
+    def _level(
+        self,
+        table: dict[Bucket, TokenBucket] | dict[PartitionKey, TokenBucket],
+        key: Bucket | PartitionKey,
+        now_ms: float,
+    ) -> float:
+        if key not in self.hot:
+            return math.nan
+        shaper = table.get(key)  # type: ignore[arg-type]
+        return math.nan if shaper is None else shaper.tokens(now_ms)
+
+    def add_remote_level(self, key: Bucket | PartitionKey, tokens: float, now_ms: float) -> None:
+        """Another replica's level of a bucket under pressure: a bucket made here starts no
+        higher (with what refilled since)."""
+        held = self.remote_levels.get(key)
+        if held is None or tokens < held[0] or now_ms - held[1] > self.window.size_ms:
+            self.remote_levels[key] = (tokens, now_ms)
+
+    def shared_rates(self, bucket: Bucket, now_ms: float) -> tuple[float, float]:
+        """(this replica's, all replicas') rate of a bucket: its share and the cluster total."""
+        rate = self.clients.get(bucket)
+        if rate is None:
+            return 0.0, 0.0
+        if self.remote:
+            self._fold(bucket, rate, now_ms)
+        total = rate.measure(now_ms)
+        others = self.remote_rates.get(bucket)
+        remote = others.total(now_ms) / (rate.window_ms(now_ms) / 1000.0) if others is not None else 0.0
+        return max(0.0, total - remote), total
+
     @property
     def steady(self) -> bool:
         """Steady shaping is this table's mode (``produce_shaping`` / ``fetch_shaping``)."""
         return (self.cfg.produce_shaping if self.produce else self.cfg.fetch_shaping) == "steady"
 
     def shaped(self, match: Match | None) -> bool:
-        """Steady shaping applies to this entity (not to cluster-scoped quotas, whose share is
-        decided per request from the other instances' rates).
+        """Steady shaping applies to this entity (it has a quota, and the mode is steady).
 
         Kafka's windowed rate forgets a sample once it is a window old; a client whose burst is
         bigger than the window holds (several connections, each with requests in flight) has
         part of it forgotten before its throttle has paid for it, and runs over its quota. The
         token bucket forgets nothing: over any stretch, quota x time plus one burst."""
-        return self.steady and match is not None and not match.cluster
+        return self.steady and match is not None
 
     def shaper(self, bucket: Bucket) -> TokenBucket | None:
         """The steady-shaping token bucket of ``bucket``, if it has one yet."""
@@ -210,15 +357,43 @@ class ByteRateQuotas:
         key: Bucket | PartitionKey,
         quota: float,
         now_ms: float,
+        history: SampledRate | None = None,
+        configured: float | None = None,
     ) -> TokenBucket:
-        """The steady-shaping token bucket of ``key`` at ``quota``, holding Kafka's burst."""
+        """The steady-shaping token bucket of ``key`` at ``quota``, holding Kafka's burst.
+
+        A new bucket, or one whose configured quota was lowered, holds no more than the recent
+        traffic (``history``, the windowed rate of the same key) leaves of the quota: a bucket
+        started that long ago would hold that much. So a quota set or lowered on a busy client
+        bites at its next request, as a broker's windowed rate, which already holds the
+        client's recent traffic, does. (``quota`` may be a part of ``configured``, the quota
+        as set: a replica's part while the exchange is down; a changed part is no new quota.)"""
         burst = quota * self.window.max_value_factor_ms / 1000.0
+        configured = quota if configured is None else configured
         shaper = table.get(key)  # type: ignore[arg-type]
         if shaper is None:
             shaper = table[key] = TokenBucket(quota, burst, now_ms)  # type: ignore[index]
+            shaper.configured = configured
+            if history is not None:
+                shaper.cap(self._untaken(history, quota, burst, now_ms), now_ms)
+            level = self.remote_levels.pop(key, None) if self.remote_levels else None
+            if level is not None and now_ms - level[1] <= 2 * self.window.size_ms:
+                # The others hold this bucket under pressure: join it where they have it.
+                shaper.cap(level[0] + quota * (now_ms - level[1]) / 1000.0, now_ms)
         elif shaper.rate != quota or shaper.burst != burst:
+            lowered = configured < shaper.configured
             shaper.reconfigure(quota, burst, now_ms)
+            shaper.configured = configured
+            if lowered and history is not None:
+                shaper.cap(self._untaken(history, quota, burst, now_ms), now_ms)
         return shaper
+
+    @staticmethod
+    def _untaken(history: SampledRate, quota: float, burst: float, now_ms: float) -> float:
+        """What a bucket at ``quota`` started one measured window ago would hold now, given the
+        usage in that window."""
+        window_ms = history.window_ms(now_ms)
+        return burst + quota * window_ms / 1000.0 - history.total(now_ms)
 
     def record_partitions(
         self, partitions: Iterable[PartitionUsage], now_ms: float
@@ -232,23 +407,40 @@ class ByteRateQuotas:
         part_ms = 0
         worst: PartitionKey | None = None
         steady = self.steady
+        cluster = self.cluster
         for usage in partitions:
-            quota = self.topic_quota(usage.topic)
-            if quota is None:
+            configured = self.topic_quota(usage.topic)
+            if configured is None:
                 continue
+            quota = configured
             key = (usage.topic, usage.partition)
             prate = self._rate(self.partitions, key, now_ms)
-            prate.record(usage.size, now_ms)
+            if cluster is not None and self._partition_is_shared(usage.topic):
+                self.partition_pending[key] = self.partition_pending.get(key, 0.0) + usage.size
+                if self.partition_remote:
+                    self._fold_partition(key, prate, now_ms)
+                quota *= cluster.multiplier
             if steady:
-                shaper = self._bucket(self.partition_shapers, key, quota, now_ms)
+                shaper = self._bucket(self.partition_shapers, key, quota, now_ms, prate, configured)
+                prate.record(usage.size, now_ms)
                 shaper.record(usage.size, now_ms)
                 ms = shaper.throttle_ms(now_ms)
             else:
+                prate.record(usage.size, now_ms)
                 ms = throttle_time_ms(prate.measure(now_ms), quota, prate.window_ms(now_ms))
+            if cluster is not None and ms:
+                self.hot.add(key)
             prate.throttled_ms += ms
             if ms > part_ms:
                 part_ms, worst = ms, key
         return part_ms, worst
+
+    def _partition_is_shared(self, topic: str) -> bool:
+        try:
+            return self._partition_shared[topic]
+        except KeyError:
+            found = self._partition_shared[topic] = topic_scope(self.cfg, topic) != "instance"
+            return found
 
     def unrecord(
         self, decision: Decision, size: int, partitions: Iterable[PartitionUsage], now_ms: float
@@ -257,6 +449,8 @@ class ByteRateQuotas:
         rate = self.clients.get(decision.bucket)
         if rate is not None:
             rate.unrecord(size, now_ms)
+        if decision.bucket in self.pending:
+            self.pending[decision.bucket] -= size
         shaper = self.shapers.get(decision.bucket) if decision.shaped else None
         if shaper is not None:
             shaper.record(-size, now_ms)
@@ -265,18 +459,11 @@ class ByteRateQuotas:
             prate = self.partitions.get(key)
             if prate is not None:
                 prate.unrecord(usage.size, now_ms)
+            if key in self.partition_pending:
+                self.partition_pending[key] -= usage.size
             pshaper = self.partition_shapers.get(key) if decision.partitions_shaped else None
             if pshaper is not None:
                 pshaper.record(-usage.size, now_ms)
-
-    def cluster_rates(self, now_ms: float) -> list[tuple[str, Bucket, float]]:
-        """This instance's rate for each cluster-scoped bucket: what it reports to the others."""
-        out = []
-        for bucket in self.cluster_buckets:
-            rate = self.clients.get(bucket)
-            if rate is not None:
-                out.append((self.kind, bucket, rate.measure(now_ms)))
-        return out
 
     def max_bytes_in_window(self, user: str, client_id: str) -> int | None:
         """Kafka caps a fetch at quota * (num - 1) * window size; None when no quota applies."""
@@ -297,15 +484,34 @@ class ByteRateQuotas:
         match = self.match(user, client_id)
         if match is None:
             return None
-        cap = max(1, int(match.quota * self.window.max_value_factor_ms / 1000.0))
+        quota = self._effective(match, now_ms)
+        cap = max(1, int(quota * self.window.max_value_factor_ms / 1000.0))
         if not self.shaped(match):
             return cap
         # What the bucket holds now, but never less than one window sample's worth: a fetch the
         # size of a few bytes would cost a round trip for nothing; the throttle settles the rest.
-        chunk = match.quota * self.window.size_ms / 1000.0
-        shaper = self._bucket(self.shapers, match.bucket, match.quota, now_ms)
+        chunk = quota * self.window.size_ms / 1000.0
+        history = self.clients.get(match.bucket)
+        shaper = self._bucket(self.shapers, match.bucket, quota, now_ms, history, match.quota)
         free = shaper.tokens(now_ms) - self._reserved(match.bucket, now_ms)
+        recent = now_ms - self.remote_ms.get(match.bucket, -math.inf) < SHARED_RECENT_MS
+        if self.cluster is not None and recent:
+            # Other replicas fetch for this entity too, from the same bucket, with grants this
+            # one cannot see: each takes its part of what is free.
+            free /= max(1, self.cluster.instances)
         return max(1, min(cap, int(max(free, chunk))))
+
+    def _effective(self, match: Match, now_ms: float) -> float:
+        """The quota that applies here now: a part of it while the exchange is down; with the
+        others' usage of a shared bucket added first."""
+        if not self.shared(match):
+            return match.quota
+        assert self.cluster is not None
+        if self.remote:
+            rate = self.clients.get(match.bucket)
+            if rate is not None:
+                self._fold(match.bucket, rate, now_ms)
+        return match.quota * self.cluster.multiplier
 
     def grant_fetch(
         self, user: str, client_id: str, requested: int | None, now_ms: float
@@ -342,11 +548,12 @@ class ByteRateQuotas:
         shaper = self.shapers.get(match.bucket)
         if shaper is None:
             return 0
+        quota = self._effective(match, now_ms)
         tokens = shaper.tokens(now_ms)
-        if tokens >= match.quota * self.window.size_ms / 1000.0:
+        if tokens >= quota * self.window.size_ms / 1000.0:
             return 0
         short = self._reserved(match.bucket, now_ms) - tokens
-        return math.ceil(short / match.quota * 1000.0) if short > 0 else 0
+        return math.ceil(short / quota * 1000.0) if short > 0 else 0
 
     def release(self, grant: FetchGrant) -> None:
         """The fetch was answered (or will never be): what it held goes back. Idempotent."""
@@ -377,13 +584,14 @@ class ByteRateQuotas:
         self._last_expiry_ms = now_ms
         horizon = now_ms - self.cfg.idle_expiry_seconds * 1000.0
         dropped = 0
-        for table in (self.clients, self.partitions, self.shapers, self.partition_shapers):
+        for table in (self.clients, self.partitions, self.shapers, self.partition_shapers, self.remote_rates):
             stale = [k for k, r in table.items() if r.last_record_ms < horizon]
             for key in stale:
                 del table[key]  # type: ignore[arg-type]
-                self.cluster_buckets.discard(key)
+                self.remote_ms.pop(key, None)  # type: ignore[arg-type]
             if table is self.clients or table is self.partitions:  # a shaper is part of that state
                 dropped += len(stale)
+        self._age_remote(now_ms)
         for bucket in list(self.grants):  # grants never given back (see GRANT_MAX_AGE_MS)
             self._reserved(bucket, now_ms)
         if dropped and len(self._matches) > 4 * max(1, len(self.clients)):

@@ -122,7 +122,13 @@ class MutationQuotas:
         return state
 
     def admit(
-        self, user: str, client_id: str, costs: Sequence[int], strict: bool, now_ms: float
+        self,
+        user: str,
+        client_id: str,
+        costs: Sequence[int],
+        strict: bool,
+        now_ms: float,
+        scale: float = 1.0,
     ) -> Admission:
         """Decide a CreateTopics, CreatePartitions or DeleteTopics request, charging what it may do.
 
@@ -136,23 +142,16 @@ class MutationQuotas:
         if match is None:
             return Admission((True,) * len(costs), 0, None, None, math.inf)
         state = self._state(match, user, client_id, now_ms)
-        bucket = state.tokens
-        accepted: list[bool] = []
-        throttle_ms = 0
-        for cost in costs:
-            if strict and bucket.exceeded(now_ms):
-                accepted.append(False)
-                throttle_ms = bucket.throttle_ms(now_ms)
-                continue
-            bucket.record(cost, now_ms)
-            state.rate.record(cost, now_ms)
-            accepted.append(True)
-            if not strict and bucket.exceeded(now_ms):
-                throttle_ms = bucket.throttle_ms(now_ms)
+        quota = match.quota * scale  # a replica's part of a cluster-wide quota, while it holds it alone
+        if state.tokens.rate != quota:
+            state.tokens.reconfigure(quota, self.burst(quota), now_ms)
+        accepted, throttle_ms, charged = admit_costs(state.tokens, costs, strict, now_ms)
+        if charged:
+            state.rate.record(charged, now_ms)
         state.throttled_ms += throttle_ms
-        tokens = bucket.tokens(now_ms)
+        tokens = state.tokens.tokens(now_ms)
         self.maybe_expire(now_ms)
-        return Admission(tuple(accepted), throttle_ms, match.bucket, match, tokens)
+        return Admission(accepted, throttle_ms, match.bucket, match, tokens)
 
     def refund(self, bucket: Bucket, n: int, now_ms: float) -> None:
         """Give back what a topic was charged when the broker refused it for its own reasons.
@@ -220,3 +219,23 @@ class MutationQuotas:
         if stale and len(self._matches) > 4 * max(1, len(self.buckets)):
             self._matches.clear()
         return len(stale)
+
+
+def admit_costs(
+    bucket: TokenBucket, costs: Sequence[int], strict: bool, now_ms: float
+) -> tuple[tuple[bool, ...], int, int]:
+    """Kafka's admission of one request's topics against a bucket: which are accepted, the
+    throttle, and the partitions charged (see ``MutationQuotas.admit``)."""
+    accepted: list[bool] = []
+    throttle_ms = charged = 0
+    for cost in costs:
+        if strict and bucket.exceeded(now_ms):
+            accepted.append(False)
+            throttle_ms = bucket.throttle_ms(now_ms)
+            continue
+        bucket.record(cost, now_ms)
+        charged += cost
+        accepted.append(True)
+        if not strict and bucket.exceeded(now_ms):
+            throttle_ms = bucket.throttle_ms(now_ms)
+    return tuple(accepted), throttle_ms, charged

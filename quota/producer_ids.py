@@ -8,6 +8,12 @@ Throttling is Kafka's byte-rate formula on that rate: record first, then check, 
 
 Only users with a ``producer_ids_rate`` (their own or the <default> user's) are tracked; each has
 its own bucket either way. Requests without a producer id (-1: not idempotent) are not charged.
+
+Steady shaping (``producer_ids.shaping``, the default) pays new ids into a token bucket at the
+quota instead, and charges an InitProducerId for the id it hands out (``allocate``): producers
+started together each wait for their own turn, where the windowed rate tells them all the same
+throttle at once. Across gateway replicas (quota/cluster.py) each replica tells the others the
+ids new to it, and each counts an id once, whichever replica saw it first.
 """
 
 from __future__ import annotations
@@ -18,9 +24,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from quota.bloom import TimedBloomFilter, capacity_of, hash_count, mix64
+from quota.cluster import ClusterLink
 from quota.entities import Match, resolve
 from quota.keys import PRODUCER_IDS_RATE
 from quota.rate import QuotaWindow, SampledRate, throttle_time_ms
+from quota.token_bucket import TokenBucket
 
 if TYPE_CHECKING:  # at run time any object with these attributes (quota.plain_config)
     from quota.config import QuotaConfig
@@ -43,11 +51,12 @@ class ProducerIdDecision:
 
 
 class _User:
-    __slots__ = ("filters", "rate")
+    __slots__ = ("bucket", "filters", "rate")
 
     def __init__(self, filters: TimedBloomFilter, rate: SampledRate) -> None:
         self.filters = filters
         self.rate = rate
+        self.bucket: TokenBucket | None = None  # steady shaping
 
 
 class ProducerIdQuotas:
@@ -61,6 +70,8 @@ class ProducerIdQuotas:
         self._matches: dict[str, Match | None] = {}
         self._last_expiry_ms = now_ms
         self.active = self._any_quota(cfg)
+        self.cluster: ClusterLink | None = None  # one quota across replicas, while the exchange runs
+        self.claims: list[tuple[str, int]] = []  # ids new here since the last report
 
     @property
     def filter_window_ms(self) -> float:
@@ -138,16 +149,101 @@ class ProducerIdQuotas:
             return ProducerIdDecision(0, 0, state.rate.measure(now_ms) if state else 0.0, match)
         if state is None:
             state = self._new_user(user, now_ms)
-        observe = state.filters.observe
-        new_ids = sum(observe(pid, now_ms) for pid in ids)
-        rate = state.rate
-        rate.record(new_ids, now_ms)
-        window_ms = rate.window_ms(now_ms)
-        measured = rate.total(now_ms) / (window_ms / 1000.0)  # rate.measure, sharing the window
-        throttle_ms = throttle_time_ms(measured, match.quota, window_ms)
-        rate.throttled_ms += throttle_ms
+        new_ids = self._count(user, state, match, ids, now_ms)
+        throttle_ms, measured = self._throttle(state, match, now_ms)
+        state.rate.throttled_ms += throttle_ms
         self.maybe_expire(now_ms)
         return ProducerIdDecision(throttle_ms, new_ids, measured, match)
+
+    def _count(self, user: str, state: _User, match: Match, ids: Iterable[int], now_ms: float) -> int:
+        """Observe ``ids``; count those new to the user's filters (and tell the other replicas)."""
+        observe = state.filters.observe
+        new = [pid for pid in ids if observe(pid, now_ms)]
+        if not new:
+            state.rate.record(0, now_ms)  # the user is active: not idle
+            return 0
+        if self.steady:
+            self._bucket(state, match, now_ms).record(len(new), now_ms)
+        state.rate.record(len(new), now_ms)
+        if self._shared(match):
+            self.claims += [(user, pid) for pid in new]
+        return len(new)
+
+    @property
+    def steady(self) -> bool:
+        return self.cfg.producer_ids.shaping == "steady"
+
+    def _shared(self, match: Match) -> bool:
+        return self.cluster is not None and match.scope != "instance"
+
+    def _quota(self, match: Match) -> float:
+        if self.cluster is not None and match.scope != "instance":
+            return match.quota * self.cluster.multiplier
+        return match.quota
+
+    def _bucket(self, state: _User, match: Match, now_ms: float) -> TokenBucket:
+        """The user's steady-shaping bucket, at the quota that applies here, holding the
+        window's burst; a new one (or one whose quota was lowered) holds what the recent new
+        ids leave of it, so a quota set on a busy user bites at once."""
+        quota = self._quota(match)
+        burst = quota * self.window.max_value_factor_ms / 1000.0
+        bucket = state.bucket
+        rate = state.rate
+        if bucket is None:
+            bucket = state.bucket = TokenBucket(quota, burst, now_ms)
+            bucket.configured = match.quota
+            bucket.cap(burst + quota * rate.window_ms(now_ms) / 1000.0 - rate.total(now_ms), now_ms)
+        elif (bucket.rate, bucket.burst) != (quota, burst):
+            lowered = match.quota < bucket.configured
+            bucket.reconfigure(quota, burst, now_ms)
+            bucket.configured = match.quota
+            if lowered:
+                bucket.cap(burst + quota * rate.window_ms(now_ms) / 1000.0 - rate.total(now_ms), now_ms)
+        return bucket
+
+    def _throttle(self, state: _User, match: Match, now_ms: float) -> tuple[int, float]:
+        """The throttle the user meets now, and its rate of new ids."""
+        rate = state.rate
+        window_ms = rate.window_ms(now_ms)
+        measured = rate.total(now_ms) / (window_ms / 1000.0)  # rate.measure, sharing the window
+        if self.steady:
+            return self._bucket(state, match, now_ms).throttle_ms(now_ms), measured
+        return throttle_time_ms(measured, self._quota(match), window_ms), measured
+
+    def allocate(self, user: str, producer_id: int, now_ms: float) -> int:
+        """An InitProducerId handed ``producer_id`` to the user: under steady shaping the id is
+        counted now (its Produce requests then find it known) and the answer carries the
+        throttle that follows, so each new producer waits its turn; under kafka shaping, the
+        throttle the user's next new id would meet (``pending_throttle_ms``)."""
+        match = self.match(user)
+        if match is None:
+            return 0
+        if not self.steady or producer_id <= NO_PRODUCER_ID:
+            return self.pending_throttle_ms(user, now_ms)
+        state = self.users.get(user) or self._new_user(user, now_ms)
+        self._count(user, state, match, (producer_id,), now_ms)
+        throttle_ms, _measured = self._throttle(state, match, now_ms)
+        state.rate.throttled_ms += throttle_ms
+        self.maybe_expire(now_ms)
+        return throttle_ms
+
+    def add_remote_claims(self, _instance: str, claims: Iterable[tuple[str, int]], now_ms: float) -> None:
+        """Ids another replica saw first: each counts here too unless this replica knows it
+        already (it saw it itself, or from a third): every replica counts an id once."""
+        for user, pid in claims:
+            match = self.match(user)
+            if match is None or not self._shared(match):
+                continue
+            state = self.users.get(user) or self._new_user(user, now_ms)
+            if state.filters.observe(pid, now_ms):
+                state.rate.record(1, now_ms)
+                if self.steady:
+                    self._bucket(state, match, now_ms).record(1, now_ms)
+
+    def take_claims(self) -> list[tuple[str, int]]:
+        """The ids new here since the last report, emptied."""
+        claims, self.claims = self.claims, []
+        return claims
 
     def pending_throttle_ms(self, user: str, now_ms: float) -> int:
         """The throttle the user's next new producer id would meet, without recording anything.
@@ -160,9 +256,7 @@ class ProducerIdQuotas:
         state = self.users.get(user)
         if match is None or state is None:
             return 0
-        window_ms = state.rate.window_ms(now_ms)
-        measured = state.rate.total(now_ms) / (window_ms / 1000.0)
-        return throttle_time_ms(measured, match.quota, window_ms)
+        return self._throttle(state, match, now_ms)[0]
 
     def memory_bytes(self) -> int:
         """Bytes held by all users' filters (the bloom bit arrays; per user at most the bound)."""

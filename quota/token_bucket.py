@@ -18,7 +18,7 @@ from quota.rate import java_round
 class TokenBucket:
     """One bucket of controller mutations (partitions created or deleted)."""
 
-    __slots__ = ("_tokens", "burst", "last_record_ms", "rate", "updated_ms")
+    __slots__ = ("_tokens", "burst", "configured", "last_record_ms", "rate", "updated_ms")
 
     def __init__(self, rate: float, burst: float, now_ms: float) -> None:
         # Kafka starts at 0 tokens last updated at the epoch, so its first refill fills the bucket.
@@ -27,6 +27,7 @@ class TokenBucket:
         self._tokens = burst
         self.updated_ms = now_ms  # time of the last refill
         self.last_record_ms = now_ms  # time of the last record, for idle expiry (Kafka's sensor)
+        self.configured = rate  # the quota as configured (``rate`` may be a part of it)
 
     def _refill(self, now_ms: float) -> None:
         # A clock that steps back refills nothing (Kafka would take tokens away).
@@ -55,6 +56,11 @@ class TokenBucket:
         if tokens >= 0:
             return 0
         return java_round(-tokens / self.rate * 1000.0)
+
+    def cap(self, tokens: float, now_ms: float) -> None:
+        """Hold at most ``tokens`` (what the recent traffic leaves of a new or lowered quota)."""
+        self._refill(now_ms)
+        self._tokens = min(self._tokens, tokens)
 
     def reconfigure(self, rate: float, burst: float, now_ms: float) -> None:
         """Change rate and burst, keeping the tokens (clamped to the new burst).

@@ -56,7 +56,9 @@ class MutationStage(Stage):
         state.costs = await admission.resolve_costs(state, conn.server.catalog)
         if conn.closed:
             return
-        decided = self.enforcer.on_mutation(conn.user, entry.client_id, state, conn.peer)
+        decided = await self.enforcer.on_mutation(conn.user, entry.client_id, state, conn.peer)
+        if conn.closed:
+            return
         entry.throttle_ms = state.throttle_ms
         if entry.throttle_ms:
             # As the broker: nothing more is read on this connection until the throttled

@@ -1,5 +1,6 @@
-"""The producer-id rate (KIP-936) at InitProducerId: a user over its rate of new producer ids
-gets the throttle on the answer (ids seen in Produce batches are charged by ``ProduceStage``)."""
+"""The producer-id rate (KIP-936) at InitProducerId: the id the broker hands out is charged (under
+steady shaping) and a user over its rate of new producer ids gets the throttle on the answer
+(ids seen in Produce batches are charged by ``ProduceStage``)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ class InitProducerIdStage(Stage):
 
     def on_response(self, resp: Response) -> bool:
         entry = resp.entry
-        pid_ms = self.enforcer.on_init_producer_id(self.conn.user, entry.client_id)
+        body = resp.body
+        producer_id = int(body.get("producer_id", -1)) if int(body.get("error_code", 0)) == 0 else -1
+        pid_ms = self.enforcer.on_init_producer_id(self.conn.user, entry.client_id, producer_id)
         entry.throttle_ms = max(entry.throttle_ms, pid_ms)
         return False

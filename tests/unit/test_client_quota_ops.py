@@ -202,7 +202,7 @@ def test_a_reloaded_file_keeps_the_overlay_on_top() -> None:
 def test_removing_the_last_byte_rate_of_a_cluster_scoped_entity() -> None:
     cfg = QuotaConfig.model_validate({"clients": {"spread": {"producer_byte_rate": 100, "scope": "cluster"}}})
     eff = ops.apply_overlay(cfg, {(("client-id", "spread"),): {"producer_byte_rate": None}})
-    assert eff.clients["spread"].scope == "instance"
+    assert eff.clients["spread"].scope is None
 
 
 # --- describe ------------------------------------------------------------------------------

@@ -1,162 +1,280 @@
-"""Cluster-scoped byte-rate quotas in simulated time: three instances sharing one quota."""
+"""One quota across gateway replicas, in simulated time (dev/cluster_sim.py runs the real quota code
+of every replica; time, the topic and the clients are simulated)."""
 
 from __future__ import annotations
 
-import heapq
-from typing import Any
+import random
 
 import pytest
 
-from quota.cluster import ClusterRates, ReportError, UsageReport, report
-from quota.config import QuotaConfig
-from quota.manager import ByteRateQuotas
+from dev.cluster_sim import Simulation
+from quota.cluster import ClusterMembership, ClusterMode, ProbeOutcome
+from quota.cluster_report import (
+    PRODUCE,
+    PRODUCER_ID,
+    MutationRecord,
+    ReportError,
+    UsageReport,
+    decode_record,
+)
 
 QUOTA = 3 * 1024 * 1024
-REQUEST = 64 * 1024
+OFFERED = 4 * 1024 * 1024  # per connection: three of them would get 9 MiB/s per replica
 
 
-def config(scope: str, window_num: int = 11) -> QuotaConfig:
-    return QuotaConfig.model_validate(
-        {
-            "window": {"num": window_num, "size_seconds": 1},
-            "clients": {"spread": {"producer_byte_rate": QUOTA, "scope": scope}},
-        }
+def sample_modes(sim: Simulation, times: list[float]) -> dict[float, list[ClusterMode]]:
+    """Every replica's mode at each of ``times`` (filled in as the simulation runs)."""
+    seen: dict[float, list[ClusterMode]] = {}
+    for t in times:
+        sim.at(t, lambda t=t: seen.__setitem__(t, [node.membership.mode(t) for node in sim.nodes]))
+    return seen
+
+
+def spread(replicas: int = 3, **kwargs: object) -> tuple[Simulation, list[int]]:
+    """One client id whose connections land one on each replica."""
+    sim = Simulation(replicas=replicas, quota=QUOTA, window={"num": 11, "size_seconds": 1}, **kwargs)  # type: ignore[arg-type]
+    return sim, [sim.connect(0, r, OFFERED) for r in range(replicas)]
+
+
+def test_three_replicas_hold_one_client_to_the_quota_exactly() -> None:
+    """Each replica adds the others' usage into the same bucket: the three together get the
+    quota, not three times it, over every 10 s after the first burst."""
+    sim, _conns = spread()
+    sim.run(80_000)
+    spans = [sim.rate(0, a, a + 10_000) / QUOTA for a in range(20_000, 70_000, 5_000)]
+    assert min(spans) >= 0.98 and max(spans) <= 1.02, spans
+
+
+@pytest.mark.parametrize("lag_ms", [10.0, 400.0])
+def test_the_exchange_lag_changes_nothing_over_time(lag_ms: float) -> None:
+    sim, _conns = spread(lag_ms=lag_ms)
+    sim.run(60_000)
+    assert sim.rate(0, 20_000, 60_000) == pytest.approx(QUOTA, rel=0.02)
+
+
+def test_when_two_of_three_producers_stop_the_one_left_gets_the_whole_quota_at_once() -> None:
+    sim, conns = spread()
+    sim.at(40_000, lambda: [sim.stop(conns[1]), sim.stop(conns[2])])
+    sim.run(70_000)
+    after = sim.reached_quota_after(0, 40_000, 70_000)
+    assert after is not None and after <= 1.0, after
+    assert sim.rate(0, 45_000, 70_000) == pytest.approx(QUOTA, rel=0.02)
+
+
+def test_a_killed_replicas_client_reconnects_elsewhere_and_the_quota_holds() -> None:
+    """SIGKILL: its usage stops, its client reconnects to another replica; the quota is the
+    quota throughout (nothing waits for the dead replica's part to be handed over)."""
+    sim, _conns = spread()
+
+    def kill() -> None:
+        sim.kill(2)
+        sim.connect(0, 0, OFFERED, at_ms=sim.now_ms + 300)
+
+    sim.at(40_000, kill)
+    sim.run(70_000)
+    after = sim.reached_quota_after(0, 40_000, 70_000)
+    assert after is not None and after <= 3.0, after
+    assert sim.rate(0, 42_000, 70_000) == pytest.approx(QUOTA, rel=0.03)
+    assert all(node.membership.mode(70_000).instances == 2 for node in sim.nodes[:2])
+
+
+def test_exchange_down_every_replica_holds_its_part_alone_then_recovers() -> None:
+    """The topic is unreachable for all: after the staleness each holds quota / 3 on its own
+    clients (in steady state the three together are the quota); back within 3 s of its return."""
+    sim, _conns = spread()
+    for r in range(3):
+        sim.at(30_000, lambda r=r: sim.cut(r))
+        sim.at(70_000, lambda r=r: sim.cut(r, False))
+    modes = sample_modes(sim, [60_000, 73_000])
+    sim.run(100_000)
+    assert sim.rate(0, 40_000, 70_000) <= QUOTA * 1.05
+    assert sim.rate(0, 40_000, 70_000) == pytest.approx(QUOTA, rel=0.05)
+    assert all(m.local_only and m.multiplier == pytest.approx(1 / 3) for m in modes[60_000]), modes
+    assert not any(m.fallback for m in modes[73_000]), modes
+    assert sim.rate(0, 75_000, 100_000) == pytest.approx(QUOTA, rel=0.03)
+
+
+def test_one_replica_cut_off_keeps_its_part_and_the_others_share_the_rest() -> None:
+    """Replica 2 cannot reach the topic but serves its client: it holds quota / 3 alone; the
+    others ask it whether it is alive (it is), set its part aside and share the rest."""
+    sim, _conns = spread()
+    sim.at(30_000, lambda: sim.cut(2))
+    sim.at(70_000, lambda: sim.cut(2, False))
+    modes = sample_modes(sim, [60_000, 73_000])
+    sim.run(100_000)
+    assert sim.rate(0, 40_000, 70_000) == pytest.approx(QUOTA, rel=0.05)
+    assert sim.rate(0, 40_000, 70_000) <= QUOTA * 1.05
+    cut = modes[60_000][2]
+    assert cut.local_only and cut.multiplier == pytest.approx(1 / 3)
+    others = modes[60_000][:2]
+    assert all(m.multiplier == pytest.approx(2 / 3) and m.cut_off == ("r002",) for m in others), others
+    assert not any(m.fallback for m in modes[73_000]), modes
+
+
+def test_fifty_replicas_ten_thousand_entities_load_shifting() -> None:
+    """10,000 active client ids over 50 replicas (each on one replica, under its quota), and 100
+    greedy ones with a connection on each of three replicas; at 12 s the greedy ones' load moves:
+    two of their three connections stop and a new one opens on another replica. Every greedy
+    one is held within 5% of its quota, and gets all of it again within 3 s of the move."""
+    quota = 100 * 1024
+    sim = Simulation(replicas=50, quota=quota, request_bytes=quota // 2, window={"num": 3, "size_seconds": 1})
+    rnd = random.Random(5)
+    for entity in range(100, 10_100):
+        sim.connect(entity, rnd.randrange(50), quota * 0.6)
+    greedy: dict[int, list[int]] = {}
+    small = quota // 10  # ten requests a second at the quota: the rates are read to a few percent
+    for entity in range(100):
+        greedy[entity] = [
+            sim.connect(entity, r, 2 * quota, request_bytes=small) for r in rnd.sample(range(50), 3)
+        ]
+
+    def shift() -> None:
+        for entity, conns in greedy.items():
+            sim.stop(conns[1])
+            sim.stop(conns[2])
+            sim.connect(entity, rnd.randrange(50), 2 * quota, request_bytes=small)
+
+    sim.at(12_000, shift)
+    sim.run(18_000)
+    # The first burst (each replica lets the bucket's burst through before it has heard of the
+    # others) is paid back by 5 s; after it, and after the move:
+    errors = [abs(sim.rate(e, 6_000, 12_000) / quota - 1) for e in greedy]
+    errors += [abs(sim.rate(e, 14_000, 18_000) / quota - 1) for e in greedy]
+    assert max(errors) <= 0.05, sorted(errors)[-5:]
+    rebalanced = [sim.reached_quota_after(e, 12_000, 18_000) for e in greedy]
+    assert all(r is not None and r <= 3.0 for r in rebalanced), sorted(r or 99 for r in rebalanced)[-5:]
+    quiet = [sim.rate(e, 3_000, 18_000) / (quota * 0.6) for e in range(100, 10_100, 97)]
+    assert min(quiet) >= 0.9, min(quiet)  # under their quota: never held back
+
+
+# --- membership ------------------------------------------------------------------------------
+
+
+def report(instance: str, seq: int, **kwargs: object) -> UsageReport:
+    return UsageReport(instance, seq, 1000.0 * seq, **kwargs)  # type: ignore[arg-type]
+
+
+def test_usage_is_added_once_and_only_after_the_history_was_read() -> None:
+    m = ClusterMembership("me", replicas=3, staleness_ms=3000.0, now_ms=0.0)
+    assert m.accept(report("a", 1), 100.0) is None  # still reading the topic's history
+    m.caught_up = True
+    assert m.accept(report("a", 2), 200.0) == 1.0
+    assert m.accept(report("a", 2), 300.0) is None  # read again after a reconnection
+    assert m.accept(report("a", 1), 300.0) is None
+    assert m.accept(report("a", 3, fallback=True), 400.0) is None  # it holds its part alone
+    assert m.accept(report("a", 4, leaving=True), 500.0) is None
+    assert "a" not in m.peers
+
+
+def test_a_version_1_report_counts_its_rates_over_the_time_since_the_previous() -> None:
+    m = ClusterMembership("me", replicas=1, staleness_ms=3000.0, now_ms=0.0)
+    m.caught_up = True
+    legacy = decode_record(b'{"v":1,"instance":"old","at_ms":1000,"rates":[["p","","c",500.0]]}')
+    assert isinstance(legacy, UsageReport) and legacy.legacy_rates
+    assert m.accept(legacy, 100.0) is None  # its first: nothing to measure the time from
+    later = decode_record(b'{"v":1,"instance":"old","at_ms":1500,"rates":[["p","","c",500.0]]}')
+    assert isinstance(later, UsageReport)
+    assert m.accept(later, 600.0) == pytest.approx(0.5)  # 500 B/s x 0.5 s
+
+
+def test_mode_follows_own_reports_and_silent_peers() -> None:
+    m = ClusterMembership("me", replicas=4, staleness_ms=3000.0, now_ms=0.0)
+    start = m.mode(100.0)
+    assert start.local_only and start.multiplier == pytest.approx(1 / 4)  # assumed, until told
+    m.caught_up = True
+    m.published(1, 100.0)
+    m.accept(report("me", 1), 150.0)
+    for name in ("a", "b"):
+        m.accept(UsageReport(name, 1, 0.0, address=f"{name}:1"), 150.0)
+    normal = m.mode(1000.0)
+    assert (normal.fallback, normal.instances, normal.multiplier) == (False, 3, 1.0)
+    assert m.round_trip_ms == 50.0
+    m.published(2, 2000.0)
+    m.accept(report("me", 2), 2050.0)
+    m.accept(UsageReport("a", 2, 0.0, address="a:1"), 2050.0)
+    assert m.probes_due(4000.0) == [("b", "b:1")]  # b silent past the staleness: ask it
+    assert m.probes_due(4100.0) == []  # one question a second
+    assert m.mode(4000.0).cut_off == ("b",)  # until it answers, it keeps its part
+    m.probe_result("b", ProbeOutcome.ALIVE, 4200.0)
+    degraded = m.mode(4200.0)
+    assert degraded.multiplier == pytest.approx(2 / 3) and not degraded.local_only
+    m.probe_result("b", ProbeOutcome.GONE, 4300.0)
+    assert m.mode(4300.0).multiplier == 1.0 and m.mode(4300.0).instances == 2
+    alone = m.mode(9000.0)  # our own reports stopped coming back
+    assert alone.local_only and alone.multiplier == pytest.approx(1 / 2)  # the count last seen
+
+
+def test_an_unreachable_peer_is_taken_as_gone_after_the_grace() -> None:
+    m = ClusterMembership("me", replicas=2, staleness_ms=3000.0, now_ms=0.0, peer_grace_ms=10_000.0)
+    m.caught_up = True
+    m.accept(UsageReport("a", 1, 0.0, address="a:1"), 0.0)
+    m.probe_result("a", ProbeOutcome.UNREACHABLE, 5000.0)
+    for t in (5000.0, 9000.0):
+        m.published(int(t), t)
+        m.accept(report("me", int(t)), t)
+        assert m.mode(t).cut_off == ("a",)
+    m.published(11_000, 11_000.0)
+    m.accept(report("me", 11_000), 11_000.0)
+    assert m.mode(11_000.0).instances == 1
+
+
+# --- the records ---------------------------------------------------------------------------
+
+
+def test_usage_report_round_trip() -> None:
+    r = UsageReport("a-1", 7, 1234.0, "10.0.0.7:9000", fallback=True)
+    r.add(PRODUCE, "alice", "app-Ω", 1.5)
+    r.add(PRODUCE, "", "reader\x00with nul", 20.0)
+    r.add(PRODUCER_ID, "alice", "123456789", 1.0)
+    back = decode_record(r.encode())
+    assert isinstance(back, UsageReport)
+    assert back.entries() == r.entries()
+    assert (back.instance, back.seq, back.at_ms, back.address, back.fallback) == (
+        "a-1",
+        7,
+        1234.0,
+        "10.0.0.7:9000",
+        True,
     )
+    empty = decode_record(UsageReport("b", 1, 1.0).encode())
+    assert isinstance(empty, UsageReport) and len(empty) == 0
 
 
-def simulate(
-    scope: str,
-    seconds: float = 60.0,
-    offered_bps: float = 8 * 1024 * 1024,
-    lag_ms: float = 50.0,
-    exchange_down_from_ms: float | None = None,
-    window_num: int = 11,
-) -> dict[str, Any]:
-    """Three instances, one client each with the same client id offering ``offered_bps``; a
-    client waits out the throttle it is given (KIP-219 muting). Reports every second, delivered
-    to every instance (its own included) after ``lag_ms``. Returns bytes sent per second."""
-    cfg = config(scope, window_num)
-    instances = []
-    for i in range(3):
-        q = ByteRateQuotas(cfg, produce=True, now_ms=0.0)
-        rates = ClusterRates(f"i{i}", staleness_ms=5000.0, now_ms=0.0)
-        q.cluster = rates
-        instances.append((q, rates))
-    gap_ms = REQUEST / offered_bps * 1000.0
-    events: list[tuple[float, int, str, int, Any]] = []
-    seq = 0
-
-    def push(at: float, kind: str, who: int, payload: Any = None) -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(events, (at, seq, kind, who, payload))
-
-    for i in range(3):
-        push(i * 1.7, "send", i)
-        push(1000.0, "publish", i)
-    sent: dict[int, float] = {}
-    fallback_seen = False
-    while events:
-        t, _s, kind, who, payload = heapq.heappop(events)
-        if t > seconds * 1000.0:
-            break
-        q, rates = instances[who]
-        if kind == "send":
-            decision = q.record("u", "spread", REQUEST, [], t)
-            sent[int(t // 1000)] = sent.get(int(t // 1000), 0.0) + REQUEST
-            fallback_seen |= rates.status(t).fallback
-            push(t + max(gap_ms, decision.throttle_ms), "send", who)
-        elif kind == "publish":
-            mine = report(f"i{who}", t, q.cluster_rates(t))
-            data = mine.encode()
-            if exchange_down_from_ms is None or t < exchange_down_from_ms:
-                for other in range(3):
-                    push(t + lag_ms, "deliver", other, data)
-            push(t + 1000.0, "publish", who)
-        else:
-            rates.update(UsageReport.decode(payload))
-    return {"per_second": sent, "fallback_seen": fallback_seen}
+def test_ten_thousand_entries_are_small() -> None:
+    r = UsageReport("proxy-7f9c-1234", 1, 1.0, "10.1.2.3:9000")
+    for i in range(10_000):
+        r.add(PRODUCE, "", f"client-{i:05d}-app", 123456.0 + i)
+    data = r.encode()
+    assert len(data) < 15 * 10_000, len(data)
+    back = decode_record(data)
+    assert isinstance(back, UsageReport) and back.entries() == r.entries()
 
 
-def mean_rate(per_second: dict[int, float], start: int, end: int) -> float:
-    return sum(per_second.get(s, 0.0) for s in range(start, end)) / (end - start)
+def test_mutation_record_round_trip() -> None:
+    m = MutationRecord("a", 3, "alice", "admin", ("alice", ""), (3, 0, 12), True, 2.0, 11.0)
+    assert decode_record(m.encode()) == m
 
 
-def test_three_instances_hold_one_client_to_the_cluster_quota() -> None:
-    """Per instance, the client would get 3 x the quota; cluster-scoped, the sum converges to it."""
-    # Kafka's window lets a client burst (up to (num - 1) x size x quota) then throttles it for
-    # seconds: rates are compared over many such cycles.
-    alone = simulate("instance", seconds=160.0)
-    assert mean_rate(alone["per_second"], 20, 160) == pytest.approx(3 * QUOTA, rel=0.1)
-    shared = simulate("cluster", seconds=160.0)
-    assert mean_rate(shared["per_second"], 20, 160) == pytest.approx(QUOTA, rel=0.10)
-    assert not shared["fallback_seen"]
-
-
-@pytest.mark.parametrize("lag_ms", [50.0, 400.0])
-def test_every_30_seconds_holds_with_a_shorter_window(lag_ms: float) -> None:
-    """Kafka's 11 x 1 s window makes a full-speed client burst and wait in ~12 s cycles, so a
-    30 s span can hold 2 or 3 bursts; with 5 x 1 s the cycles are short and every 30 s span after
-    the start is within 10%, whatever the exchange's lag."""
-    run = simulate("cluster", seconds=200.0, lag_ms=lag_ms, window_num=5)
-    spans = [mean_rate(run["per_second"], a, a + 30) / QUOTA for a in range(30, 170, 5)]
-    assert min(spans) >= 0.9 and max(spans) <= 1.1, spans
-
-
-def test_parts_sum_to_the_quota_on_every_instance() -> None:
-    """Every instance computes its part from the same reports (its own as read back)."""
-    reports = [
-        UsageReport(f"i{i}", 1000.0, (("p", "", "c", rate),)) for i, rate in enumerate([3e6, 1e6, 0.5e6])
-    ]
-    parts = []
-    for i in range(3):
-        rates = ClusterRates(f"i{i}", staleness_ms=5000.0, now_ms=0.0)
-        for r in reports:
-            rates.update(r)
-        parts.append(rates.share("p", ("", "c"), 1e6, local_rate=123.0, now_ms=1500.0))
-    assert sum(parts) == pytest.approx(1e6)
-    assert parts[0] > parts[1] > parts[2] > 0  # the busiest gets most, the quietest a margin
-
-
-def test_exchange_down_falls_back_to_quota_over_instances() -> None:
-    """Reports stop at 20 s: after the staleness each instance enforces quota / 3 on its own
-    share, which sums to the quota again."""
-    run = simulate("cluster", seconds=160.0, exchange_down_from_ms=20_000.0)
-    assert run["fallback_seen"]
-    assert mean_rate(run["per_second"], 40, 160) == pytest.approx(QUOTA, rel=0.10)
-
-
-def test_status_trusts_the_exchange_only_while_its_own_reports_come_back() -> None:
-    rates = ClusterRates("me", staleness_ms=5000.0, now_ms=0.0, assumed_instances=4)
-    start = rates.status(1000.0)
-    assert start.fallback is False and start.instances == 4  # just started: others assumed
-    s = rates.status(6000.0)
-    assert s.fallback is True and s.instances == 4  # never heard back: the assumed count
-    rates.update(UsageReport("other", 6000.0, (("p", "", "c", 100.0),)))
-    rates.update(UsageReport("me", 6000.0, ()))
-    s = rates.status(6500.0)
-    assert (s.fallback, s.instances, s.own_lag_ms) == (False, 2, 500.0)
-    assert rates.remote_rate("p", ("", "c"), 6500.0) == 100.0
-    assert rates.remote_rate("f", ("", "c"), 6500.0) == 0.0
-    later = rates.status(12_000.0)  # both silent past the staleness
-    assert later.fallback is True and later.instances == 2  # the count last seen live
-    assert rates.remote_rate("p", ("", "c"), 12_000.0) == 0.0  # a stale report counts for nothing
-
-
-def test_report_round_trip_and_errors() -> None:
-    r = UsageReport("a-1", 1234.0, (("p", "alice", "app", 1.5), ("f", "", "reader", 20.0)))
-    assert UsageReport.decode(r.encode()) == r
-    for bad, why in [
-        (b"nope", "not JSON"),
-        (b'{"v": 9}', "version"),
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"nope", "too short|not a record"),
+        (b"KTX\x09\x00\x00\x00\x02{}", "newer than this release"),
+        (b'{"v": 9}', "version 1"),
         (b'{"v": 1, "instance": "", "at_ms": 1, "rates": []}', "instance"),
         (b'{"v": 1, "instance": "x", "at_ms": 1, "rates": [["q", "", "", 1]]}', r"rates\[0\]"),
-        (b'{"v": 1, "instance": "x", "at_ms": 1, "rates": [["p", "", "", -1]]}', r"rates\[0\]"),
-    ]:
-        with pytest.raises(ReportError, match=why):
-            UsageReport.decode(bad)
+        (b"KTX\x02\x00\x00\x00\x02{}", "instance"),
+    ],
+)
+def test_unreadable_records_say_why(data: bytes, why: str) -> None:
+    with pytest.raises(ReportError, match=why):
+        decode_record(data)
 
 
-def test_scope_cluster_needs_a_byte_rate() -> None:
-    with pytest.raises(ValueError, match="scope cluster applies to producer_byte_rate"):
-        QuotaConfig.model_validate({"clients": {"c": {"request_percentage": 50, "scope": "cluster"}}})
+def test_a_damaged_report_body_is_refused() -> None:
+    r = UsageReport("a", 1, 1.0)
+    r.add(PRODUCE, "", "c", 1.0)
+    data = bytearray(r.encode())
+    data[-3] ^= 0xFF
+    with pytest.raises(ReportError, match="body"):
+        decode_record(bytes(data))

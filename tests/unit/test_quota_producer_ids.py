@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from quota.bloom import BloomFilter, TimedBloomFilter
+from quota.cluster import ClusterLink
 from quota.config import QuotaConfig
 from quota.keys import DEFAULT
 from quota.producer_ids import ProducerIdQuotas
@@ -19,7 +20,8 @@ SPAN_MS = 11 * W  # the rate's whole window (num x size)
 
 
 def make_cfg(users: dict[str, Any] | None = None, **producer_ids: Any) -> QuotaConfig:
-    opts: dict[str, Any] = {"window": {"num": 11, "size_seconds": W / 1000}}
+    """KIP-936's own windowed throttle unless ``shaping="steady"`` is given."""
+    opts: dict[str, Any] = {"window": {"num": 11, "size_seconds": W / 1000}, "shaping": "kafka"}
     opts.update(producer_ids)
     return QuotaConfig.model_validate(
         {"users": users if users is not None else {"alice": {"producer_ids_rate": 1}}, "producer_ids": opts}
@@ -267,3 +269,36 @@ def test_pending_throttle_reads_without_recording() -> None:
     assert first == 2000  # (3 - 1) / 1 * 1000 ms
     assert quotas.pending_throttle_ms("alice", 0.0) == first  # reading twice changes nothing
     assert quotas.pending_throttle_ms("bob", 0.0) == 0  # no quota
+
+
+# --- steady shaping (the default) ------------------------------------------------------------
+
+
+def test_producers_started_together_are_spaced_out_at_the_quota() -> None:
+    """Eight InitProducerIds at once from a user past its burst: each id is charged as it is
+    handed out, so each producer is told a throttle one id (1 / quota) longer than the last."""
+    q = ProducerIdQuotas(make_cfg(window={"num": 3, "size_seconds": 2}, shaping="steady"), 0)
+    q.record("alice", range(4), 0)  # the burst: quota x (num - 1) x size = 4 ids
+    throttles = [q.allocate("alice", 100 + i, 10) for i in range(8)]
+    assert throttles == [1000 * (i + 1) - 10 for i in range(8)]
+    assert q.record("alice", [100], 20).new_ids == 0  # its Produce: already counted
+
+
+def test_a_replica_counts_an_id_once_whoever_saw_it_first() -> None:
+    q = ProducerIdQuotas(make_cfg(shaping="steady"), 0)
+    q.cluster = ClusterLink()
+    q.record("alice", [1, 2], 0)
+    assert q.take_claims() == [("alice", 1), ("alice", 2)]
+    q.add_remote_claims("other", [("alice", 2), ("alice", 3), ("bob", 4)], 10)
+    state = q.state("alice", 10)
+    assert state["new_ids_in_window"] == 3  # 1, 2 and 3; bob has no quota here
+    assert q.take_claims() == []  # the others' ids are not told again
+
+
+def test_a_quota_set_on_a_busy_user_bites_at_once() -> None:
+    """Under steady shaping the user's bucket starts from what its recent new ids leave."""
+    q = ProducerIdQuotas(make_cfg(users={"alice": {"producer_ids_rate": 100}}, shaping="steady"), 0)
+    for second in range(11):
+        q.record("alice", range(second * 200, second * 200 + 200), second * 1000.0)  # 200/s
+    q.reconfigure(make_cfg(users={"alice": {"producer_ids_rate": 10}}, shaping="steady"))
+    assert q.record("alice", [99_999], 11_000.0).throttle_ms > 0
