@@ -32,6 +32,7 @@ class SimReplica:
     membership: ClusterMembership
     link: ClusterLink
     seq: int = 0
+    settled_seq: int = 0
     alive: bool = True
     cut_off: bool = False  # its reports reach nobody, and nothing reaches it
 
@@ -152,14 +153,17 @@ class Simulation:
         self._push(t + self.hot_ms, "publish", i)
         full = int(t // self.hot_ms) % max(1, round(self.full_ms / self.hot_ms)) == 0
         mode = node.membership.mode(t)
+        if mode.local_only and not node.link.local_only:
+            node.quotas.settle(t)
+            node.settled_seq = node.seq
         node.link.set_mode(mode)
         node.seq += 1
         report = UsageReport(node.name, node.seq, t, f"sim:{i}", mode.local_only)
         buckets, parts = node.quotas.take_pending(not full, t)
-        for (user, client), value, tokens in buckets:
-            report.add(PRODUCE, user, client, value, tokens)
-        for (topic, partition), value, tokens in parts:
-            report.add(PRODUCE_PARTITION, topic, str(partition), value, tokens)
+        for (user, client), value, hot in buckets:
+            report.add(PRODUCE, user, client, value, hot)
+        for (topic, partition), value, hot in parts:
+            report.add(PRODUCE_PARTITION, topic, str(partition), value, hot)
         if not full and not len(report):
             node.seq -= 1
             return
@@ -181,17 +185,24 @@ class Simulation:
             )
             if kind == PRODUCE
         ]
-        levels = [
-            ((first, second), tokens) for kind, first, second, tokens in report.levels() if kind == PRODUCE
+        hot = [
+            (first, second)
+            for kind, first, second, flag in zip(
+                report.kinds, report.firsts, report.seconds, report.hot, strict=True
+            )
+            if kind == PRODUCE and flag
         ]
         for node in self.nodes:
             if not node.alive or node.cut_off:
                 continue
             factor = node.membership.accept(report, t)
+            if report.instance == node.name:
+                if not report.fallback and report.seq > node.settled_seq:
+                    node.quotas.add_confirmed(usage, [])
+                continue
             if factor is not None:
-                node.quotas.add_remote_many(usage, t)
-                for bucket, tokens in levels:
-                    node.quotas.add_remote_level(bucket, tokens, t)
+                node.quotas.add_remote(usage)
+                node.quotas.add_hot(report.instance, hot, [], t)
 
     # --- what came out ---------------------------------------------------------------------------
 

@@ -162,6 +162,7 @@ class ClusterQuotaService:
             compression=None,  # reports compress themselves
         )
         self._seq = 0
+        self._settled_seq = 0  # own reports up to this one were settled here (exchange down)
         self._waiting: dict[int, asyncio.Future[LogAdmission]] = {}  # our mutation requests
         self._tasks: list[asyncio.Task[None]] = []
         self._last_reason: str | None = None
@@ -243,12 +244,27 @@ class ClusterQuotaService:
             return
         now = self.now_ms()
         factor = self.membership.accept(record, now)
+        if record.instance == self.instance:
+            if not record.fallback and record.seq > self._settled_seq:
+                self._confirm(record)
+            return
         if factor is None:
-            if record.instance != self.instance:
-                self.metrics.reports.labels("skipped").inc()
+            self.metrics.reports.labels("skipped").inc()
             return
         self.metrics.reports.labels("applied").inc()
         self._apply(record, factor, now)
+
+    def _confirm(self, report: UsageReport) -> None:
+        """This replica's own report came back: its usage goes into the buckets as everybody's."""
+        entries = [(k, a, b, v) for k, a, b, v in report.entries()]
+        for table, kind, part_kind in (
+            (self.enforcer.produce, PRODUCE, PRODUCE_PARTITION),
+            (self.enforcer.fetch, FETCH, FETCH_PARTITION),
+        ):
+            buckets = [((a, b), v) for k, a, b, v in entries if k == kind]
+            parts = [((a, int(b)), v) for k, a, b, v in entries if k == part_kind]
+            if buckets or parts:
+                table.add_confirmed(buckets, parts)
 
     def _apply(self, report: UsageReport, factor: float, now: float) -> None:
         """Add another replica's usage into this one's buckets."""
@@ -261,18 +277,25 @@ class ClusterQuotaService:
             if found is None:
                 found = by_kind[kind] = []
             found.append(((first, second), value * factor))
-        produce.add_remote_many(by_kind.get(PRODUCE, ()), now)
-        fetch.add_remote_many(by_kind.get(FETCH, ()), now)
-        for (topic, partition), amount in by_kind.get(PRODUCE_PARTITION, ()):
-            produce.add_remote_partition((topic, int(partition)), amount, now)
-        for (topic, partition), amount in by_kind.get(FETCH_PARTITION, ()):
-            fetch.add_remote_partition((topic, int(partition)), amount, now)
-        for kind, first, second, tokens in report.levels():
-            if kind in (PRODUCE, FETCH):
-                (produce if kind == PRODUCE else fetch).add_remote_level((first, second), tokens, now)
-            elif kind in (PRODUCE_PARTITION, FETCH_PARTITION):
-                table = produce if kind == PRODUCE_PARTITION else fetch
-                table.add_remote_level((first, int(second)), tokens, now)
+        produce.add_remote(by_kind.get(PRODUCE, ()))
+        fetch.add_remote(by_kind.get(FETCH, ()))
+        for table, part_kind in ((produce, PRODUCE_PARTITION), (fetch, FETCH_PARTITION)):
+            parts = [((topic, int(p)), amount) for (topic, p), amount in by_kind.get(part_kind, ())]
+            if parts:
+                table.add_remote_partitions(parts)
+        hot: dict[str, list[tuple[str, str]]] = {}
+        for kind, first, second, flag in zip(
+            report.kinds, report.firsts, report.seconds, report.hot, strict=True
+        ):
+            if flag:
+                hot.setdefault(kind, []).append((first, second))
+        for table, kind, part_kind in (
+            (produce, PRODUCE, PRODUCE_PARTITION),
+            (fetch, FETCH, FETCH_PARTITION),
+        ):
+            if kind in hot or part_kind in hot:
+                parts_hot = [(topic, int(p)) for topic, p in hot.get(part_kind, ())]
+                table.add_hot(report.instance, hot.get(kind, ()), parts_hot, now)
         claims = [(user, int(pid)) for (user, pid), _one in by_kind.get(PRODUCER_ID, ())]
         if claims:
             self.enforcer.producer_ids.add_remote_claims(report.instance, claims, now)
@@ -304,12 +327,12 @@ class ClusterQuotaService:
             (self.enforcer.fetch, FETCH, FETCH_PARTITION),
         ):
             buckets, parts = table.take_pending(hot_only, self.now_ms())
-            for (first, second), value, tokens in buckets:
-                if value > 0:
-                    report.add(kind, first, second, value, tokens)
-            for (topic, partition), value, tokens in parts:
-                if value > 0:
-                    report.add(part_kind, topic, str(partition), value, tokens)
+            for (first, second), value, hot in buckets:
+                if value > 0 or hot:
+                    report.add(kind, first, second, value, hot)
+            for (topic, partition), value, hot in parts:
+                if value > 0 or hot:
+                    report.add(part_kind, topic, str(partition), value, hot)
         if not hot_only:
             for user, pid in self.enforcer.producer_ids.take_claims():
                 report.add(PRODUCER_ID, user, str(pid), 1.0)
@@ -329,7 +352,14 @@ class ClusterQuotaService:
             self.metrics.reports.labels("published").inc()
 
     def _refresh_mode(self) -> ClusterMode:
-        mode = self.mode = self.membership.mode(self.now_ms())
+        now = self.now_ms()
+        mode = self.membership.mode(now)
+        if mode.local_only and not self.mode.local_only:
+            # Own usage whose reports may never come back goes into the buckets now.
+            self.enforcer.produce.settle(now)
+            self.enforcer.fetch.settle(now)
+            self._settled_seq = self._seq
+        self.mode = mode
         self.link.set_mode(mode)
         self.metrics.instances.set(mode.instances)
         self.metrics.fallback.set(1 if mode.fallback else 0)

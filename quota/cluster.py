@@ -61,12 +61,13 @@ class ClusterLink:
     """What the quota tables read at each request while the exchange runs: the mode, refreshed
     by the exchange a few times a second (plain attributes: nothing is computed per request)."""
 
-    __slots__ = ("instances", "local_only", "multiplier")
+    __slots__ = ("drip_ms", "instances", "local_only", "multiplier")
 
-    def __init__(self) -> None:
+    def __init__(self, drip_ms: float = 250.0) -> None:
         self.multiplier = 1.0
         self.local_only = False
         self.instances = 1
+        self.drip_ms = drip_ms  # the others' usage is added over this long (their report interval)
 
     def set_mode(self, mode: ClusterMode) -> None:
         self.multiplier, self.local_only, self.instances = mode.multiplier, mode.local_only, mode.instances

@@ -58,31 +58,23 @@ class UsageReport:
     firsts: list[str] = field(default_factory=list)
     seconds: list[str] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
-    # The sender's bucket level of each entry (tokens left, NaN when not told: only buckets
-    # under pressure tell it): a replica that starts serving the entity joins its bucket there.
-    tokens: list[float] = field(default_factory=list)
+    # The sender's clients of this entry were throttled lately (they want more than they get):
+    # the replicas that want more share the quota equally.
+    hot: list[bool] = field(default_factory=list)
     legacy_rates: bool = False  # version 1: values are rates (per second), not usage
 
     def __len__(self) -> int:
         return len(self.kinds)
 
-    def add(self, kind: str, first: str, second: str, value: float, tokens: float = math.nan) -> None:
+    def add(self, kind: str, first: str, second: str, value: float, hot: bool = False) -> None:
         self.kinds.append(kind)
         self.firsts.append(first)
         self.seconds.append(second)
         self.values.append(value)
-        self.tokens.append(tokens)
+        self.hot.append(hot)
 
     def entries(self) -> list[tuple[str, str, str, float]]:
         return list(zip(self.kinds, self.firsts, self.seconds, self.values, strict=True))
-
-    def levels(self) -> list[tuple[str, str, str, float]]:
-        """(kind, first, second, tokens) of the entries that tell their bucket's level."""
-        return [
-            (k, a, b, t)
-            for k, a, b, t in zip(self.kinds, self.firsts, self.seconds, self.tokens, strict=True)
-            if t == t  # not NaN
-        ]
 
     def encode(self) -> bytes:
         head = {
@@ -105,7 +97,7 @@ class UsageReport:
                 blob,
                 _little(lengths).tobytes(),
                 _little(array("d", self.values)).tobytes(),
-                _little(array("d", self.tokens)).tobytes(),
+                bytes(self.hot),
             )
         )
         return _HEADER.pack(MAGIC, USAGE_V2, len(head_bytes)) + head_bytes + zlib.compress(body, 1)
@@ -213,16 +205,15 @@ def _decode_usage(head: dict[str, object], compressed: bytes) -> UsageReport:
         values = array("d")
         values.frombytes(body[at : at + n * values.itemsize])
         at += n * values.itemsize
-        tokens = array("d")
-        tokens.frombytes(body[at : at + n * tokens.itemsize])
-        at += n * tokens.itemsize
+        hot = body[at : at + n]
+        at += n
     except (struct.error, UnicodeDecodeError, ValueError) as exc:
         raise ReportError(f"body: {exc}") from exc
     if sys.byteorder != "little":
         lengths.byteswap()
         values.byteswap()
-        tokens.byteswap()
-    if at != len(body) or len(kinds) != n or len(lengths) != 2 * n or len(values) != n or len(tokens) != n:
+    sizes = (len(kinds), len(values), len(hot), len(lengths) // 2)
+    if at != len(body) or sizes != (n,) * 4:
         raise ReportError(f"body: not {n} entries")
     if not KINDS.issuperset(kinds):
         raise ReportError(f"body: unknown entry kind in {sorted(set(kinds) - KINDS)}")
@@ -245,7 +236,7 @@ def _decode_usage(head: dict[str, object], compressed: bytes) -> UsageReport:
         strings[:n],
         strings[n:],
         floats,
-        tokens.tolist(),
+        [flag == 1 for flag in hot],
     )
 
 
@@ -287,7 +278,7 @@ def _decode_v1(data: bytes) -> UsageReport:
     at_ms = _integer(doc, "at_ms")
     if not isinstance(rates, list):
         raise ReportError("rates: must be a list")
-    report = UsageReport(instance, 0, float(at_ms), legacy_rates=True)  # tokens: NaN, not told
+    report = UsageReport(instance, 0, float(at_ms), legacy_rates=True)  # nothing hot
     for i, item in enumerate(rates):
         ok = (
             isinstance(item, list)

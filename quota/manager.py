@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 from quota.cluster import ClusterLink
 from quota.entities import Bucket, Match, any_entity_quota, resolve, topic_quota, topic_scope
 from quota.keys import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
-from quota.rate import SampledRate, throttle_time_ms
+from quota.rate import SampledRate, java_round, throttle_time_ms
+from quota.shared_usage import SharedUsage
 from quota.token_bucket import TokenBucket
 
 if TYPE_CHECKING:  # at run time any object with these attributes (quota.plain_config)
@@ -26,6 +27,10 @@ GRANT_MAX_AGE_MS = 30_000.0
 # Another replica's usage of a bucket this recent means the bucket is served by several replicas
 # at once (a fetch allowance is then split between them).
 SHARED_RECENT_MS = 2_000.0
+# Replicas whose clients of a shared bucket were throttled this recently share it equally.
+SHARERS_WITHIN_MS = 600.0
+# The fair-share cap of a replica holds this many seconds of its share as a burst.
+FAIR_BURST_SECONDS = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,24 +101,16 @@ class ByteRateQuotas:
         self._topic_quotas: dict[str, float | None] = {}
         self._last_expiry_ms = now_ms
         self.active = self._any_quota(cfg)
-        # One quota across gateway replicas (quota/cluster.py), while the exchange runs: this
-        # replica's usage of shared buckets since its last report, the others' usage not yet
-        # added to the buckets, and the buckets under pressure (reported more often).
+        # One quota across gateway replicas (quota/cluster.py, quota/shared_usage.py), while the
+        # exchange runs: the usage of the shared client buckets and partitions.
         self.cluster: ClusterLink | None = None
-        self.pending: dict[Bucket, float] = {}
-        self.partition_pending: dict[PartitionKey, float] = {}
-        self.remote: dict[Bucket, float] = {}
-        self.partition_remote: dict[PartitionKey, float] = {}
-        # The others' usage that waited more than half a window for a use here (buckets only
-        # other replicas serve): kept one more half window, then it is past history.
-        self.remote_old: dict[Bucket, float] = {}
-        self.partition_remote_old: dict[PartitionKey, float] = {}
-        self._aged_ms = now_ms
-        self.remote_ms: dict[Bucket, float] = {}  # when another replica's usage was last added
-        # The lowest bucket level another replica told for a bucket under pressure, and when.
-        self.remote_levels: dict[Bucket | PartitionKey, tuple[float, float]] = {}
+        self.shared_buckets: SharedUsage[Bucket] = SharedUsage(now_ms)
+        self.shared_partitions: SharedUsage[PartitionKey] = SharedUsage(now_ms)
         self.remote_rates: dict[Bucket, SampledRate] = {}  # the others' part of a bucket's rate
-        self.hot: set[Bucket | PartitionKey] = set()
+        # This replica's cap at its equal part of a shared bucket that several replicas' clients
+        # want more of (see ``_fair_ms``), per client bucket and per partition.
+        self.fair: dict[Bucket, TokenBucket] = {}
+        self.partition_fair: dict[PartitionKey, TokenBucket] = {}
         self._partition_shared: dict[str, bool] = {}
 
     def reconfigure(self, cfg: QuotaConfig) -> None:
@@ -181,30 +178,41 @@ class ByteRateQuotas:
         rate = self._rate(self.clients, bucket, now_ms)
         quota = match.quota if match is not None else 0.0
         cluster = self.cluster
-        if cluster is not None and (match is None or match.scope != "instance"):
-            self.pending[bucket] = self.pending.get(bucket, 0.0) + size
-            if self.remote:
-                self._fold(bucket, rate, now_ms)
-            quota *= cluster.multiplier
-        client_ms = 0
+        shared = cluster is not None and (match is None or match.scope != "instance")
+        held = 0.0  # this replica's own usage not yet back from the exchange
         shaped = self.shaped(match)
         shaper = None
+        if shared:
+            assert cluster is not None
+            quota *= cluster.multiplier
+            usage = self.shared_buckets
+            usage.fold(bucket, self.shapers.get(bucket), rate, self._others(bucket, now_ms), now_ms)
         if shaped:
             assert match is not None
             # Made before this request is recorded: a new bucket holds what the recent traffic
             # (the others' included) leaves of the quota.
             shaper = self._bucket(self.shapers, bucket, quota, now_ms, rate, match.quota)
+        if shared:
+            assert cluster is not None
+            usage.local(bucket, size, confirmable=not cluster.local_only)
+            held = usage.own(bucket)
         rate.record(size, now_ms)
         measured = rate.measure(now_ms)
+        client_ms = 0
         if shaper is not None:
-            shaper.record(size, now_ms)
-            client_ms = shaper.throttle_ms(now_ms)
-            if cluster is not None and (client_ms or shaper.tokens(now_ms) < shaper.burst / 2):
-                self.hot.add(bucket)
+            if shared and not cluster.local_only:  # type: ignore[union-attr]
+                client_ms = _throttle_ms(shaper.tokens(now_ms) - held, quota)
+                fair_ms = self._fair_ms(self.fair, self.shared_buckets, bucket, quota, size, now_ms)
+                client_ms = max(client_ms, fair_ms)
+            else:
+                shaper.record(size, now_ms)
+                client_ms = shaper.throttle_ms(now_ms)
+            if shared and client_ms:
+                self.shared_buckets.throttled(bucket, now_ms, client_ms)
         elif match is not None:
             client_ms = throttle_time_ms(measured, quota, rate.window_ms(now_ms))
-            if cluster is not None and client_ms:
-                self.hot.add(bucket)
+            if shared and client_ms:
+                self.shared_buckets.throttled(bucket, now_ms, client_ms)
         rate.throttled_ms += client_ms
         part_ms, worst = self.record_partitions(partitions, now_ms)
         self.maybe_expire(now_ms)
@@ -222,115 +230,94 @@ class ByteRateQuotas:
 
     # --- one quota across replicas ----------------------------------------------------------------
 
-    def _fold(self, bucket: Bucket, rate: SampledRate, now_ms: float) -> None:
-        """Add the others' usage of ``bucket`` that came in since this replica last looked."""
-        amount = self.remote.pop(bucket, 0.0)
-        if self.remote_old:
-            amount += self.remote_old.pop(bucket, 0.0)
-        if not amount:
-            return
-        rate.record(amount, now_ms)
+    def _fair_ms(
+        self,
+        table: dict[Bucket, TokenBucket] | dict[PartitionKey, TokenBucket],
+        usage: SharedUsage[Bucket] | SharedUsage[PartitionKey],
+        key: Bucket | PartitionKey,
+        quota: float,
+        size: float,
+        now_ms: float,
+    ) -> int:
+        """The throttle of this replica's equal part of a shared bucket whose clients want more
+        on several replicas (0 when no other replica's do).
+
+        The shared bucket holds the sum to the quota. How it is shared between replicas would
+        rest on every replica's view of the bucket being the same; views a little apart (a
+        report lost, clocks a few milliseconds apart, a replica that joined) stay apart while
+        the bucket is in debt, and the replica with the higher view would take the quota from
+        the others' clients. Capped at quota / n, n the replicas whose clients want more, none
+        takes more than its part, and what one leaves goes to the others through the bucket."""
+        n = usage.sharers(key, now_ms, SHARERS_WITHIN_MS)  # type: ignore[arg-type]
+        if n <= 1:
+            table.pop(key, None)  # type: ignore[arg-type]
+            return 0
+        part = quota / n
+        burst = part * FAIR_BURST_SECONDS
+        fair = table.get(key)  # type: ignore[arg-type]
+        if fair is None:
+            fair = table[key] = TokenBucket(part, burst, now_ms)  # type: ignore[index]
+        elif fair.rate != part:
+            fair.reconfigure(part, burst, now_ms)
+        fair.record(size, now_ms)
+        return fair.throttle_ms(now_ms)
+
+    def _others(self, bucket: Bucket, now_ms: float) -> SampledRate:
         others = self.remote_rates.get(bucket)
         if others is None:
             others = self.remote_rates[bucket] = SampledRate(self.window, now_ms)
-        others.record(amount, now_ms)
-        self.remote_ms[bucket] = now_ms
-        shaper = self.shapers.get(bucket)
-        if shaper is not None:
-            shaper.record(amount, now_ms)
+        return others
 
-    def _fold_partition(self, key: PartitionKey, rate: SampledRate, now_ms: float) -> None:
-        amount = self.partition_remote.pop(key, 0.0)
-        if self.partition_remote_old:
-            amount += self.partition_remote_old.pop(key, 0.0)
-        if not amount:
-            return
-        rate.record(amount, now_ms)
-        shaper = self.partition_shapers.get(key)
-        if shaper is not None:
-            shaper.record(amount, now_ms)
+    def add_remote(self, usage: Iterable[tuple[Bucket, float]]) -> None:
+        """Another replica's report: its usage of client buckets (10,000 entries: milliseconds)."""
+        self.shared_buckets.add_remote(usage)
 
-    def _age_remote(self, now_ms: float) -> None:
-        """Every half window, the others' usage still waiting for a use here moves to the old
-        generation, and what was there goes: a bucket that comes to this replica (its clients'
-        replica stopped) starts from the last half to whole window of the others' usage, not full."""
-        if now_ms - self._aged_ms < self._span_ms / 2:
-            return
-        self._aged_ms = now_ms
-        self.remote_old, self.remote = self.remote, {}
-        self.partition_remote_old, self.partition_remote = self.partition_remote, {}
-        if self.remote_levels:
-            old = now_ms - 2 * self.window.size_ms
-            self.remote_levels = {k: v for k, v in self.remote_levels.items() if v[1] >= old}
+    def add_remote_partitions(self, usage: Iterable[tuple[PartitionKey, float]]) -> None:
+        self.shared_partitions.add_remote(usage)
 
-    @property
-    def _span_ms(self) -> float:
-        return self.window.num * self.window.size_ms
+    def add_hot(
+        self, instance: str, buckets: Iterable[Bucket], partitions: Iterable[PartitionKey], now_ms: float
+    ) -> None:
+        """What another replica's clients want more of (they were throttled lately)."""
+        self.shared_buckets.add_hot(instance, buckets, now_ms)
+        self.shared_partitions.add_hot(instance, partitions, now_ms)
 
-    def add_remote(self, bucket: Bucket, amount: float, now_ms: float) -> None:
-        """Another replica's usage of a bucket: added to it at its next use here."""
-        self._age_remote(now_ms)
-        self.remote[bucket] = self.remote.get(bucket, 0.0) + amount
+    def add_confirmed(
+        self, buckets: Iterable[tuple[Bucket, float]], partitions: Iterable[tuple[PartitionKey, float]]
+    ) -> None:
+        """This replica's own report, read back from the exchange."""
+        self.shared_buckets.add_confirmed(buckets)
+        self.shared_partitions.add_confirmed(partitions)
 
-    def add_remote_many(self, usage: Iterable[tuple[Bucket, float]], now_ms: float) -> None:
-        """``add_remote`` for a whole report at once (10,000 entries cost a few milliseconds)."""
-        self._age_remote(now_ms)
-        remote = self.remote
-        get = remote.get
-        for bucket, amount in usage:
-            remote[bucket] = get(bucket, 0.0) + amount
-
-    def add_remote_partition(self, key: PartitionKey, amount: float, now_ms: float) -> None:
-        self._age_remote(now_ms)
-        self.partition_remote[key] = self.partition_remote.get(key, 0.0) + amount
+    def settle(self, now_ms: float) -> None:
+        """The exchange stopped working: own usage not yet back goes into the buckets now."""
+        self.shared_buckets.settle(self.shapers, now_ms)
+        self.shared_partitions.settle(self.partition_shapers, now_ms)
 
     def take_pending(
         self, hot_only: bool = False, now_ms: float = 0.0
-    ) -> tuple[list[tuple[Bucket, float, float]], list[tuple[PartitionKey, float, float]]]:
+    ) -> tuple[list[tuple[Bucket, float, bool]], list[tuple[PartitionKey, float, bool]]]:
         """This replica's usage of shared buckets and partitions since its last report, emptied,
-        with the level of those under pressure (NaN for the others); with ``hot_only``, only of
-        those under pressure (the rest wait for the next full report)."""
-        hot = self.hot
-        if hot_only:
-            bucket_keys = [b for b in self.pending if b in hot]
-            part_keys = [p for p in self.partition_pending if p in hot]
-        else:
-            bucket_keys, part_keys = list(self.pending), list(self.partition_pending)
-        level, pending, partition_pending = self._level, self.pending, self.partition_pending
-        buckets = [(b, pending.pop(b), level(self.shapers, b, now_ms)) for b in bucket_keys]
-        parts = [(p, partition_pending.pop(p), level(self.partition_shapers, p, now_ms)) for p in part_keys]
-        if not hot_only:
-            self.hot = set()
-        return buckets, parts
-
-    def _level(
-        self,
-        table: dict[Bucket, TokenBucket] | dict[PartitionKey, TokenBucket],
-        key: Bucket | PartitionKey,
-        now_ms: float,
-    ) -> float:
-        if key not in self.hot:
-            return math.nan
-        shaper = table.get(key)  # type: ignore[arg-type]
-        return math.nan if shaper is None else shaper.tokens(now_ms)
-
-    def add_remote_level(self, key: Bucket | PartitionKey, tokens: float, now_ms: float) -> None:
-        """Another replica's level of a bucket under pressure: a bucket made here starts no
-        higher (with what refilled since)."""
-        held = self.remote_levels.get(key)
-        if held is None or tokens < held[0] or now_ms - held[1] > self.window.size_ms:
-            self.remote_levels[key] = (tokens, now_ms)
+        each with whether its clients were throttled lately; with ``hot_only``, only of those
+        (the rest wait for the next full report)."""
+        return (
+            self.shared_buckets.take_pending(hot_only, now_ms),
+            self.shared_partitions.take_pending(hot_only, now_ms),
+        )
 
     def shared_rates(self, bucket: Bucket, now_ms: float) -> tuple[float, float]:
         """(this replica's, all replicas') rate of a bucket: its share and the cluster total."""
         rate = self.clients.get(bucket)
         if rate is None:
             return 0.0, 0.0
-        if self.remote:
-            self._fold(bucket, rate, now_ms)
+        if self.cluster is not None:
+            others = self._others(bucket, now_ms)
+            self.shared_buckets.fold(bucket, self.shapers.get(bucket), rate, others, now_ms)
         total = rate.measure(now_ms)
-        others = self.remote_rates.get(bucket)
-        remote = others.total(now_ms) / (rate.window_ms(now_ms) / 1000.0) if others is not None else 0.0
+        others_rate = self.remote_rates.get(bucket)
+        remote = (
+            others_rate.total(now_ms) / (rate.window_ms(now_ms) / 1000.0) if others_rate is not None else 0.0
+        )
         return max(0.0, total - remote), total
 
     @property
@@ -375,11 +362,13 @@ class ByteRateQuotas:
             shaper = table[key] = TokenBucket(quota, burst, now_ms)  # type: ignore[index]
             shaper.configured = configured
             if history is not None:
-                shaper.cap(self._untaken(history, quota, burst, now_ms), now_ms)
-            level = self.remote_levels.pop(key, None) if self.remote_levels else None
-            if level is not None and now_ms - level[1] <= 2 * self.window.size_ms:
-                # The others hold this bucket under pressure: join it where they have it.
-                shaper.cap(level[0] + quota * (now_ms - level[1]) / 1000.0, now_ms)
+                untaken = self._untaken(history, quota, burst, now_ms)
+                if self.cluster is not None:
+                    # Across replicas a bucket made here joins one the others may hold, paid
+                    # up: its history's debt was theirs to throttle. No burst either: the
+                    # bucket is busy.
+                    untaken = max(0.0, untaken)
+                shaper.cap(untaken, now_ms)
         elif shaper.rate != quota or shaper.burst != burst:
             lowered = configured < shaper.configured
             shaper.reconfigure(quota, burst, now_ms)
@@ -390,10 +379,11 @@ class ByteRateQuotas:
 
     @staticmethod
     def _untaken(history: SampledRate, quota: float, burst: float, now_ms: float) -> float:
-        """What a bucket at ``quota`` started one measured window ago would hold now, given the
-        usage in that window."""
-        window_ms = history.window_ms(now_ms)
-        return burst + quota * window_ms / 1000.0 - history.total(now_ms)
+        """What Kafka's windowed rate still lets the entity take before it is over ``quota``:
+        the quota's worth of the measured window less what the window holds (a new entity: the
+        whole burst; one at the quota: nothing; one over it: a debt of the throttle Kafka would
+        give). The bucket holds that, at most its burst."""
+        return quota * history.window_ms(now_ms) / 1000.0 - history.total(now_ms)
 
     def record_partitions(
         self, partitions: Iterable[PartitionUsage], now_ms: float
@@ -415,21 +405,31 @@ class ByteRateQuotas:
             quota = configured
             key = (usage.topic, usage.partition)
             prate = self._rate(self.partitions, key, now_ms)
-            if cluster is not None and self._partition_is_shared(usage.topic):
-                self.partition_pending[key] = self.partition_pending.get(key, 0.0) + usage.size
-                if self.partition_remote:
-                    self._fold_partition(key, prate, now_ms)
+            shared = cluster is not None and self._partition_is_shared(usage.topic)
+            if shared:
+                assert cluster is not None
                 quota *= cluster.multiplier
+                parts = self.shared_partitions
+                parts.fold(key, self.partition_shapers.get(key), prate, None, now_ms)
             if steady:
                 shaper = self._bucket(self.partition_shapers, key, quota, now_ms, prate, configured)
                 prate.record(usage.size, now_ms)
-                shaper.record(usage.size, now_ms)
-                ms = shaper.throttle_ms(now_ms)
+                if shared and not cluster.local_only:  # type: ignore[union-attr]
+                    parts.local(key, usage.size, confirmable=True)
+                    ms = _throttle_ms(shaper.tokens(now_ms) - parts.own(key), quota)
+                    ms = max(ms, self._fair_ms(self.partition_fair, parts, key, quota, usage.size, now_ms))
+                else:
+                    if shared:
+                        self.shared_partitions.local(key, usage.size, confirmable=False)
+                    shaper.record(usage.size, now_ms)
+                    ms = shaper.throttle_ms(now_ms)
             else:
                 prate.record(usage.size, now_ms)
+                if shared:
+                    self.shared_partitions.local(key, usage.size, confirmable=False)
                 ms = throttle_time_ms(prate.measure(now_ms), quota, prate.window_ms(now_ms))
-            if cluster is not None and ms:
-                self.hot.add(key)
+            if shared and ms:
+                self.shared_partitions.throttled(key, now_ms, ms)
             prate.throttled_ms += ms
             if ms > part_ms:
                 part_ms, worst = ms, key
@@ -449,9 +449,11 @@ class ByteRateQuotas:
         rate = self.clients.get(decision.bucket)
         if rate is not None:
             rate.unrecord(size, now_ms)
-        if decision.bucket in self.pending:
-            self.pending[decision.bucket] -= size
-        shaper = self.shapers.get(decision.bucket) if decision.shaped else None
+        cluster = self.cluster
+        confirming = cluster is not None and not cluster.local_only and self.shared(decision.match)
+        if cluster is not None:
+            self.shared_buckets.take_back(decision.bucket, size)
+        shaper = self.shapers.get(decision.bucket) if decision.shaped and not confirming else None
         if shaper is not None:
             shaper.record(-size, now_ms)
         for usage in partitions:
@@ -459,9 +461,13 @@ class ByteRateQuotas:
             prate = self.partitions.get(key)
             if prate is not None:
                 prate.unrecord(usage.size, now_ms)
-            if key in self.partition_pending:
-                self.partition_pending[key] -= usage.size
-            pshaper = self.partition_shapers.get(key) if decision.partitions_shaped else None
+            shared_part = cluster is not None and self._partition_is_shared(usage.topic)
+            if shared_part:
+                self.shared_partitions.take_back(key, usage.size)
+            confirmed_part = shared_part and cluster is not None and not cluster.local_only
+            pshaper = (
+                self.partition_shapers.get(key) if decision.partitions_shaped and not confirmed_part else None
+            )
             if pshaper is not None:
                 pshaper.record(-usage.size, now_ms)
 
@@ -494,11 +500,13 @@ class ByteRateQuotas:
         history = self.clients.get(match.bucket)
         shaper = self._bucket(self.shapers, match.bucket, quota, now_ms, history, match.quota)
         free = shaper.tokens(now_ms) - self._reserved(match.bucket, now_ms)
-        recent = now_ms - self.remote_ms.get(match.bucket, -math.inf) < SHARED_RECENT_MS
-        if self.cluster is not None and recent:
-            # Other replicas fetch for this entity too, from the same bucket, with grants this
-            # one cannot see: each takes its part of what is free.
-            free /= max(1, self.cluster.instances)
+        cluster = self.cluster
+        if cluster is not None and self.shared(match):
+            free -= self.shared_buckets.own(match.bucket)
+            if self.shared_buckets.recently_shared(match.bucket, now_ms, SHARED_RECENT_MS):
+                # Other replicas fetch for this entity too, from the same bucket, with grants
+                # this one cannot see: each takes its part of what is free.
+                free /= max(1, cluster.instances)
         return max(1, min(cap, int(max(free, chunk))))
 
     def _effective(self, match: Match, now_ms: float) -> float:
@@ -507,10 +515,9 @@ class ByteRateQuotas:
         if not self.shared(match):
             return match.quota
         assert self.cluster is not None
-        if self.remote:
-            rate = self.clients.get(match.bucket)
-            if rate is not None:
-                self._fold(match.bucket, rate, now_ms)
+        rate = self.clients.get(match.bucket)
+        others = self._others(match.bucket, now_ms) if rate is not None else None
+        self.shared_buckets.fold(match.bucket, self.shapers.get(match.bucket), rate, others, now_ms)
         return match.quota * self.cluster.multiplier
 
     def grant_fetch(
@@ -550,6 +557,8 @@ class ByteRateQuotas:
             return 0
         quota = self._effective(match, now_ms)
         tokens = shaper.tokens(now_ms)
+        if self.cluster is not None and self.shared(match):
+            tokens -= self.shared_buckets.own(match.bucket)
         if tokens >= quota * self.window.size_ms / 1000.0:
             return 0
         short = self._reserved(match.bucket, now_ms) - tokens
@@ -584,16 +593,37 @@ class ByteRateQuotas:
         self._last_expiry_ms = now_ms
         horizon = now_ms - self.cfg.idle_expiry_seconds * 1000.0
         dropped = 0
-        for table in (self.clients, self.partitions, self.shapers, self.partition_shapers, self.remote_rates):
+        tables = (
+            self.clients,
+            self.partitions,
+            self.shapers,
+            self.partition_shapers,
+            self.remote_rates,
+            self.fair,
+            self.partition_fair,
+        )
+        for table in tables:
             stale = [k for k, r in table.items() if r.last_record_ms < horizon]
             for key in stale:
                 del table[key]  # type: ignore[arg-type]
-                self.remote_ms.pop(key, None)  # type: ignore[arg-type]
+            if table is self.clients:
+                for key in stale:
+                    self.shared_buckets.forget(key)  # type: ignore[arg-type]
+            elif table is self.partitions:
+                for key in stale:
+                    self.shared_partitions.forget(key)  # type: ignore[arg-type]
             if table is self.clients or table is self.partitions:  # a shaper is part of that state
                 dropped += len(stale)
-        self._age_remote(now_ms)
+        if self.cluster is not None:
+            self.shared_buckets.age(self.shapers, self.clients, now_ms)
+            self.shared_partitions.age(self.partition_shapers, self.partitions, now_ms)
         for bucket in list(self.grants):  # grants never given back (see GRANT_MAX_AGE_MS)
             self._reserved(bucket, now_ms)
         if dropped and len(self._matches) > 4 * max(1, len(self.clients)):
             self._matches.clear()
         return dropped
+
+
+def _throttle_ms(tokens: float, quota: float) -> int:
+    """The time a bucket at ``quota`` holding ``tokens`` needs to be back at zero (0 if not below)."""
+    return java_round(-tokens / quota * 1000.0) if tokens < 0 else 0

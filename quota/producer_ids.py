@@ -192,13 +192,13 @@ class ProducerIdQuotas:
         if bucket is None:
             bucket = state.bucket = TokenBucket(quota, burst, now_ms)
             bucket.configured = match.quota
-            bucket.cap(burst + quota * rate.window_ms(now_ms) / 1000.0 - rate.total(now_ms), now_ms)
+            bucket.cap(quota * rate.window_ms(now_ms) / 1000.0 - rate.total(now_ms), now_ms)
         elif (bucket.rate, bucket.burst) != (quota, burst):
             lowered = match.quota < bucket.configured
             bucket.reconfigure(quota, burst, now_ms)
             bucket.configured = match.quota
             if lowered:
-                bucket.cap(burst + quota * rate.window_ms(now_ms) / 1000.0 - rate.total(now_ms), now_ms)
+                bucket.cap(quota * rate.window_ms(now_ms) / 1000.0 - rate.total(now_ms), now_ms)
         return bucket
 
     def _throttle(self, state: _User, match: Match, now_ms: float) -> tuple[int, float]:
