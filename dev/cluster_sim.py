@@ -63,6 +63,8 @@ class Simulation:
     nodes: list[SimReplica] = field(default_factory=list)
     connections: list[SimConnection] = field(default_factory=list)
     sent: dict[int, dict[int, float]] = field(default_factory=dict)  # entity -> 100 ms slot -> bytes
+    sent_by_connection: dict[int, float] = field(default_factory=dict)  # connection -> bytes (all)
+    _marks: dict[tuple[int, float], float] = field(default_factory=dict)
     _events: list[tuple[float, int, str, Any]] = field(default_factory=list)
     _order: itertools.count[int] = field(default_factory=itertools.count)
     now_ms: float = 0.0
@@ -143,6 +145,7 @@ class Simulation:
         slots = self.sent.setdefault(conn.entity, {})
         slot = int(t // 100)
         slots[slot] = slots.get(slot, 0.0) + size
+        self.sent_by_connection[index] = self.sent_by_connection.get(index, 0.0) + size
         gap = size / conn.offered_bps * 1000.0
         self._push(t + max(gap, decision.throttle_ms), "send", index)
 
@@ -156,14 +159,18 @@ class Simulation:
         if mode.local_only and not node.link.local_only:
             node.quotas.settle(t)
             node.settled_seq = node.seq
+        changed = (mode.multiplier, mode.local_only) != (node.link.multiplier, node.link.local_only)
+        rejoined = node.link.local_only and not mode.local_only
         node.link.set_mode(mode)
+        if changed:
+            node.quotas.mode_changed(rejoined, t)
         node.seq += 1
         report = UsageReport(node.name, node.seq, t, f"sim:{i}", mode.local_only)
         buckets, parts = node.quotas.take_pending(not full, t)
-        for (user, client), value, hot in buckets:
-            report.add(PRODUCE, user, client, value, hot)
-        for (topic, partition), value, hot in parts:
-            report.add(PRODUCE_PARTITION, topic, str(partition), value, hot)
+        for (user, client), value, flags in buckets:
+            report.add(PRODUCE, user, client, value, flags)
+        for (topic, partition), value, flags in parts:
+            report.add(PRODUCE_PARTITION, topic, str(partition), value, flags)
         if not full and not len(report):
             node.seq -= 1
             return
@@ -185,12 +192,12 @@ class Simulation:
             )
             if kind == PRODUCE
         ]
-        hot = [
-            (first, second)
-            for kind, first, second, flag in zip(
-                report.kinds, report.firsts, report.seconds, report.hot, strict=True
+        wanting = [
+            ((first, second), value, flags)
+            for kind, first, second, value, flags in zip(
+                report.kinds, report.firsts, report.seconds, report.values, report.flags, strict=True
             )
-            if kind == PRODUCE and flag
+            if kind == PRODUCE and flags
         ]
         for node in self.nodes:
             if not node.alive or node.cut_off:
@@ -202,9 +209,23 @@ class Simulation:
                 continue
             if factor is not None:
                 node.quotas.add_remote(usage)
-                node.quotas.add_hot(report.instance, hot, [], t)
+                node.quotas.add_wanting(report.instance, wanting, [], t)
 
     # --- what came out ---------------------------------------------------------------------------
+
+    def mark(self, at_ms: float) -> None:
+        """Note every connection's bytes so far at ``at_ms`` (``connection_rate`` spans marks)."""
+
+        def take() -> None:
+            for index in range(len(self.connections)):
+                self._marks[(index, at_ms)] = self.sent_by_connection.get(index, 0.0)
+
+        self.at(at_ms, take)
+
+    def connection_rate(self, index: int, from_ms: float, to_ms: float) -> float:
+        """Bytes per second one connection got through between two marks."""
+        sent = self._marks[(index, to_ms)] - self._marks[(index, from_ms)]
+        return sent / ((to_ms - from_ms) / 1000.0)
 
     def rate(self, entity: int, from_ms: float, to_ms: float) -> float:
         """Bytes per second the entity got through between two times (100 ms resolution)."""

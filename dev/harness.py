@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
@@ -354,6 +354,14 @@ class KafkaNode:
     sasl_port: int = 0  # the SASL_PLAINTEXT listener, when the cluster has SASL users
     ssl_port: int = 0  # the SSL listener, when the cluster has TLS
     host: str = "127.0.0.1"  # where its listeners bind (another address inside a network namespace)
+    # More PLAINTEXT listeners, by name: (the port it binds, the port it advertises). A test puts a
+    # relay of its own (HAProxy) from the advertised port to the bound one, to cut one client
+    # off from the brokers (and heal it) while every other client goes on.
+    relayed: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def relayed_address(self, name: str) -> str:
+        """host:port clients of the relayed listener ``name`` are told (the relay's port)."""
+        return f"{self.host}:{self.relayed[name][1]}"
 
     @property
     def ssl_address(self) -> str:
@@ -425,11 +433,14 @@ class KafkaCluster:
         sasl_users: dict[str, str] | None = None,
         tls: BrokerTls | None = None,
         netns: NetworkNamespace | None = None,
+        relayed_listeners: tuple[str, ...] = (),
     ) -> None:
         """``sasl_users`` (name -> password) adds a SASL_PLAINTEXT listener where each user can
         log in with PLAIN or SCRAM-SHA-256; the PLAINTEXT listener stays for tools and checks.
         ``netns`` runs the nodes inside that network namespace, on its inner address, so a test
-        can cut the network between them and everything outside (``dev/netns.py``)."""
+        can cut the network between them and everything outside (``dev/netns.py``).
+        ``relayed_listeners`` adds PLAINTEXT listeners (upper-case names) advertised at ports where
+        nothing listens until the test puts a relay there (``KafkaNode.relayed``)."""
         if brokers < 1:
             raise ValueError("a cluster needs at least one broker")
         self._own_workdir = workdir is None
@@ -453,6 +464,11 @@ class KafkaCluster:
             for node in self.nodes:
                 node.ssl_port = free_port()
         self.ssl_bootstrap_servers = ",".join(n.ssl_address for n in self.nodes) if tls else ""
+        for name in relayed_listeners:
+            if not name.isidentifier() or not name.isupper():
+                raise ValueError(f"relayed listener names are upper-case identifiers: {name!r}")
+            for node in self.nodes:
+                node.relayed[name] = (free_port(), free_port())
         _live_clusters.add(self)
 
     # context manager -------------------------------------------------------------------------------------
@@ -522,6 +538,10 @@ class KafkaCluster:
             jaas = "listener.name.sasl_plaintext.{}.sasl.jaas.config"
             props[jaas.format("plain")] = f"{plain_module} required {plain_users};"
             props[jaas.format("scram-sha-256")] = f"{scram_module} required;"
+        for name, (bound, advertised) in node.relayed.items():
+            props["listeners"] += f",{name}://{node.host}:{bound}"
+            props["advertised.listeners"] += f",{name}://{node.host}:{advertised}"
+            props["listener.security.protocol.map"] += f",{name}:PLAINTEXT"
         if self.tls is not None:
             listener = f"SSL://{node.ssl_address}"
             props["listeners"] += "," + listener

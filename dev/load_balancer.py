@@ -60,6 +60,7 @@ class Server:
     port: int
     send_proxy: SendProxy = None  # PROXY protocol header before the client's bytes: "v1" text, "v2" binary
     source: str | None = None  # the local address HAProxy connects from (None: the kernel's choice)
+    name: str | None = None  # its name in HAProxy (default: s<position>); pin() goes by it
 
     def line(self, name: str) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -151,7 +152,7 @@ class HAProxy:
         for fe in self.frontends:
             host = f"[{fe.host}]" if ":" in fe.host else fe.host
             lines += [f"listen {fe.name}", f"    bind {host}:{fe.port}", f"    balance {self.balance}"]
-            lines += [f"    {server.line(f's{i}')}" for i, server in enumerate(fe.servers)]
+            lines += [f"    {server.line(server.name or f's{i}')}" for i, server in enumerate(fe.servers)]
             lines.append("")
         return "\n".join(lines)
 
@@ -395,16 +396,17 @@ class GatewayReplicas:
             elif per_replica is not None and i < len(per_replica):
                 cfg = _merged(cfg, per_replica[i])
             self.replicas.append(ProxyProcess(cfg, workdir=self.workdir / f"replica-{i}"))
-        frontends = [
-            Frontend(
-                "bootstrap",
-                self.bootstrap_port,
-                [Server(a, self.bootstrap_port, send_proxy, lb_source) for a in self.addresses],
-            )
-        ]
+        def servers(port: int, first: int) -> list[Server]:
+            """The replicas in round-robin order from ``first``: each frontend has its own
+            round robin, so the first connection to each port lands on a different replica
+            and one client's connections (bootstrap, one per broker) are spread over them."""
+            order = [(first + k) % replicas for k in range(replicas)]
+            return [Server(self.addresses[i], port, send_proxy, lb_source, name=f"s{i}") for i in order]
+
+        frontends = [Frontend("bootstrap", self.bootstrap_port, servers(self.bootstrap_port, 0))]
         frontends += [
-            Frontend(f"broker-{node}", port, [Server(a, port, send_proxy, lb_source) for a in self.addresses])
-            for node, port in sorted(self.broker_ports.items())
+            Frontend(f"broker-{node}", port, servers(port, k + 1))
+            for k, (node, port) in enumerate(sorted(self.broker_ports.items()))
         ]
         self.lb = HAProxy(frontends, workdir=self.workdir / "haproxy", balance=balance)
 

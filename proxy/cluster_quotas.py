@@ -46,6 +46,7 @@ from quota.cluster_report import (
 log = logging.getLogger(__name__)
 skip_log = RateLimitedLog(log)
 PROBE_TIMEOUT_SECONDS = 1.0
+MAX_REPORTS_IN_FLIGHT = 16
 MAX_REPORT_BYTES = 16 * 1024 * 1024
 
 
@@ -163,6 +164,8 @@ class ClusterQuotaService:
         )
         self._seq = 0
         self._settled_seq = 0  # own reports up to this one were settled here (exchange down)
+        self._confirmed_seq = 0  # own reports up to this one came back and went into the buckets
+        self._sending: set[asyncio.Task[None]] = set()
         self._waiting: dict[int, asyncio.Future[LogAdmission]] = {}  # our mutation requests
         self._tasks: list[asyncio.Task[None]] = []
         self._last_reason: str | None = None
@@ -195,7 +198,7 @@ class ClusterQuotaService:
         )
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._sending]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -243,9 +246,12 @@ class ClusterQuotaService:
                 waiting.set_result(decided)
             return
         now = self.now_ms()
-        factor = self.membership.accept(record, now)
+        factor = self.membership.accept(record, now, self.wall_clock() * 1000.0)
         if record.instance == self.instance:
-            if not record.fallback and record.seq > self._settled_seq:
+            # Once, and not those whose usage went into the buckets when the exchange stopped
+            # (nor those made meanwhile, which say fallback).
+            if not record.fallback and record.seq > max(self._settled_seq, self._confirmed_seq):
+                self._confirmed_seq = record.seq
                 self._confirm(record)
             return
         if factor is None:
@@ -283,19 +289,19 @@ class ClusterQuotaService:
             parts = [((topic, int(p)), amount) for (topic, p), amount in by_kind.get(part_kind, ())]
             if parts:
                 table.add_remote_partitions(parts)
-        hot: dict[str, list[tuple[str, str]]] = {}
-        for kind, first, second, flag in zip(
-            report.kinds, report.firsts, report.seconds, report.hot, strict=True
+        wanting: dict[str, list[tuple[tuple[str, str], float, int]]] = {}
+        for kind, first, second, value, flags in zip(
+            report.kinds, report.firsts, report.seconds, report.values, report.flags, strict=True
         ):
-            if flag:
-                hot.setdefault(kind, []).append((first, second))
+            if flags:
+                wanting.setdefault(kind, []).append(((first, second), value * factor, flags))
         for table, kind, part_kind in (
             (produce, PRODUCE, PRODUCE_PARTITION),
             (fetch, FETCH, FETCH_PARTITION),
         ):
-            if kind in hot or part_kind in hot:
-                parts_hot = [(topic, int(p)) for topic, p in hot.get(part_kind, ())]
-                table.add_hot(report.instance, hot.get(kind, ()), parts_hot, now)
+            if kind in wanting or part_kind in wanting:
+                parts_wanting = [((topic, int(p)), v, f) for (topic, p), v, f in wanting.get(part_kind, ())]
+                table.add_wanting(report.instance, wanting.get(kind, ()), parts_wanting, now)
         claims = [(user, int(pid)) for (user, pid), _one in by_kind.get(PRODUCER_ID, ())]
         if claims:
             self.enforcer.producer_ids.add_remote_claims(report.instance, claims, now)
@@ -327,12 +333,12 @@ class ClusterQuotaService:
             (self.enforcer.fetch, FETCH, FETCH_PARTITION),
         ):
             buckets, parts = table.take_pending(hot_only, self.now_ms())
-            for (first, second), value, hot in buckets:
-                if value > 0 or hot:
-                    report.add(kind, first, second, value, hot)
-            for (topic, partition), value, hot in parts:
-                if value > 0 or hot:
-                    report.add(part_kind, topic, str(partition), value, hot)
+            for (first, second), value, flags in buckets:
+                if value > 0 or flags:
+                    report.add(kind, first, second, value, flags)
+            for (topic, partition), value, flags in parts:
+                if value > 0 or flags:
+                    report.add(part_kind, topic, str(partition), value, flags)
         if not hot_only:
             for user, pid in self.enforcer.producer_ids.take_claims():
                 report.add(PRODUCER_ID, user, str(pid), 1.0)
@@ -347,8 +353,21 @@ class ClusterQuotaService:
         if not hot_only:
             self.metrics.report_bytes.set(len(data))
             self.metrics.buckets.set(len(report))
-        if self.exchange.connected and await self.exchange.publish(self.instance.encode(), data):
-            self.membership.published(report.seq, self.now_ms())
+        if not self.exchange.connected or len(self._sending) >= MAX_REPORTS_IN_FLIGHT:
+            # Its usage is lost to the others: this replica's own reports stop coming back, and
+            # after the staleness it holds its part alone.
+            self.metrics.reports.labels("unsent").inc()
+            return
+        # Registered before it is sent: it may be read back before the acknowledgement comes.
+        self.membership.published(report.seq, self.now_ms())
+        # Not waited for: a topic that does not answer must not hold up the next tick, where
+        # the mode is worked out.
+        task = asyncio.get_running_loop().create_task(self._send(data))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, data: bytes) -> None:
+        if await self.exchange.publish(self.instance.encode(), data):
             self.metrics.reports.labels("published").inc()
 
     def _refresh_mode(self) -> ClusterMode:
@@ -359,8 +378,12 @@ class ClusterQuotaService:
             self.enforcer.produce.settle(now)
             self.enforcer.fetch.settle(now)
             self._settled_seq = self._seq
-        self.mode = mode
+        previous, self.mode = self.mode, mode
         self.link.set_mode(mode)
+        if (mode.multiplier, mode.local_only) != (previous.multiplier, previous.local_only):
+            rejoined = previous.local_only and not mode.local_only
+            self.enforcer.produce.mode_changed(rejoined, now)
+            self.enforcer.fetch.mode_changed(rejoined, now)
         self.metrics.instances.set(mode.instances)
         self.metrics.fallback.set(1 if mode.fallback else 0)
         self.metrics.multiplier.set(mode.multiplier)

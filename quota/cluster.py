@@ -129,7 +129,7 @@ class ClusterMembership:
         """The exchange client lost the topic: reading restarts from recent history."""
         self.caught_up = False
 
-    def accept(self, report: UsageReport, now_ms: float) -> float | None:
+    def accept(self, report: UsageReport, now_ms: float, wall_ms: float | None = None) -> float | None:
         """Take a report read from the topic; the factor its values are to be added with, or
         None when they are not to be added.
 
@@ -139,6 +139,11 @@ class ClusterMembership:
         and not from a replica that holds its part alone (``fallback``): its part is set aside.
         A version 1 report holds rates: the factor is the seconds since that replica's previous
         one (at most the staleness), which turns them into usage.
+
+        With ``wall_ms`` (this replica's wall clock), a report made more than the staleness ago
+        (held up in a cut-off replica's buffer, or read again from the topic's history) counts
+        as heard that long ago, and its usage is not added: while it was on its way, this
+        replica held that replica's part apart, or it is past.
         """
         if report.instance == self.instance:
             sent = self._published.pop(report.seq, None)
@@ -149,10 +154,13 @@ class ClusterMembership:
         if report.leaving:
             self.peers.pop(report.instance, None)
             return None
+        age = 0.0 if wall_ms is None else max(0.0, wall_ms - report.at_ms)
+        late = age > self.staleness_ms
+        heard = now_ms - age if late else now_ms
         peer = self.peers.get(report.instance)
         if peer is None:
-            self.peers[report.instance] = _Peer(report, now_ms)
-            usable = self.caught_up and not report.fallback and not report.legacy_rates
+            self.peers[report.instance] = _Peer(report, heard)
+            usable = self.caught_up and not report.fallback and not report.legacy_rates and not late
             return 1.0 if usable else None
         if report.legacy_rates:
             elapsed = min(max(0.0, report.at_ms - peer.at_ms), self.staleness_ms) / 1000.0
@@ -162,8 +170,10 @@ class ClusterMembership:
         else:
             factor = 1.0
         peer.address, peer.seq, peer.fallback = report.address, report.seq, report.fallback
-        peer.at_ms, peer.heard_ms, peer.probe = report.at_ms, now_ms, None
-        return factor if self.caught_up and not report.fallback else None
+        peer.at_ms = report.at_ms
+        if heard >= peer.heard_ms:
+            peer.heard_ms, peer.probe = heard, None
+        return factor if self.caught_up and not report.fallback and not late else None
 
     def forget(self, instance: str) -> None:
         self.peers.pop(instance, None)

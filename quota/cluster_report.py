@@ -32,6 +32,9 @@ FETCH = "f"  # (user, client-id) bucket, fetched bytes
 PRODUCE_PARTITION = "P"  # (topic, partition), produced bytes (KIP-1010)
 FETCH_PARTITION = "F"  # (topic, partition), fetched bytes
 PRODUCER_ID = "i"  # (user, producer id): a producer id new to this replica (KIP-936)
+# What an entry's flags say of the sender's clients of that bucket, lately.
+BLOCKED = 1  # held back by the shared bucket: they want more than they get
+CAPPED = 2  # held at the sender's fair part of the quota (quota/manager.py ``_fair_ms``)
 KINDS = frozenset({PRODUCE, FETCH, PRODUCE_PARTITION, FETCH_PARTITION, PRODUCER_ID})
 
 MAGIC = b"KTX"
@@ -58,20 +61,20 @@ class UsageReport:
     firsts: list[str] = field(default_factory=list)
     seconds: list[str] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
-    # The sender's clients of this entry were throttled lately (they want more than they get):
-    # the replicas that want more share the quota equally.
-    hot: list[bool] = field(default_factory=list)
+    # BLOCKED | CAPPED: the sender's clients of this entry were throttled lately, and by what
+    # (the replicas whose clients want more share the quota equally).
+    flags: list[int] = field(default_factory=list)
     legacy_rates: bool = False  # version 1: values are rates (per second), not usage
 
     def __len__(self) -> int:
         return len(self.kinds)
 
-    def add(self, kind: str, first: str, second: str, value: float, hot: bool = False) -> None:
+    def add(self, kind: str, first: str, second: str, value: float, flags: int = 0) -> None:
         self.kinds.append(kind)
         self.firsts.append(first)
         self.seconds.append(second)
         self.values.append(value)
-        self.hot.append(hot)
+        self.flags.append(flags)
 
     def entries(self) -> list[tuple[str, str, str, float]]:
         return list(zip(self.kinds, self.firsts, self.seconds, self.values, strict=True))
@@ -97,7 +100,7 @@ class UsageReport:
                 blob,
                 _little(lengths).tobytes(),
                 _little(array("d", self.values)).tobytes(),
-                bytes(self.hot),
+                bytes(self.flags),
             )
         )
         return _HEADER.pack(MAGIC, USAGE_V2, len(head_bytes)) + head_bytes + zlib.compress(body, 1)
@@ -205,14 +208,14 @@ def _decode_usage(head: dict[str, object], compressed: bytes) -> UsageReport:
         values = array("d")
         values.frombytes(body[at : at + n * values.itemsize])
         at += n * values.itemsize
-        hot = body[at : at + n]
+        flags = body[at : at + n]
         at += n
     except (struct.error, UnicodeDecodeError, ValueError) as exc:
         raise ReportError(f"body: {exc}") from exc
     if sys.byteorder != "little":
         lengths.byteswap()
         values.byteswap()
-    sizes = (len(kinds), len(values), len(hot), len(lengths) // 2)
+    sizes = (len(kinds), len(values), len(flags), len(lengths) // 2)
     if at != len(body) or sizes != (n,) * 4:
         raise ReportError(f"body: not {n} entries")
     if not KINDS.issuperset(kinds):
@@ -236,7 +239,7 @@ def _decode_usage(head: dict[str, object], compressed: bytes) -> UsageReport:
         strings[:n],
         strings[n:],
         floats,
-        [flag == 1 for flag in hot],
+        list(flags),
     )
 
 
@@ -278,7 +281,7 @@ def _decode_v1(data: bytes) -> UsageReport:
     at_ms = _integer(doc, "at_ms")
     if not isinstance(rates, list):
         raise ReportError("rates: must be a list")
-    report = UsageReport(instance, 0, float(at_ms), legacy_rates=True)  # nothing hot
+    report = UsageReport(instance, 0, float(at_ms), legacy_rates=True)  # no flags
     for i, item in enumerate(rates):
         ok = (
             isinstance(item, list)

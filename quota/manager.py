@@ -30,7 +30,7 @@ SHARED_RECENT_MS = 2_000.0
 # Replicas whose clients of a shared bucket were throttled this recently share it equally.
 SHARERS_WITHIN_MS = 600.0
 # The fair-share cap of a replica holds this many seconds of its share as a burst.
-FAIR_BURST_SECONDS = 0.5
+FAIR_BURST_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +186,7 @@ class ByteRateQuotas:
             assert cluster is not None
             quota *= cluster.multiplier
             usage = self.shared_buckets
+            usage.seen.add(bucket)
             usage.fold(bucket, self.shapers.get(bucket), rate, self._others(bucket, now_ms), now_ms)
         if shaped:
             assert match is not None
@@ -201,18 +202,26 @@ class ByteRateQuotas:
         client_ms = 0
         if shaper is not None:
             if shared and not cluster.local_only:  # type: ignore[union-attr]
+                usage = self.shared_buckets
+                part = usage.fair_part(bucket, quota, now_ms, SHARERS_WITHIN_MS)
+                if part is not None and self._starved(self.fair, bucket, now_ms):
+                    # Its clients get less than their part while the others are held at theirs
+                    # (which sum to the quota): what this replica's view of the bucket owes past
+                    # its part's burst came of the others' usage before they were held, and is
+                    # not its clients' to wait out.
+                    shaper.forgive(now_ms, held - part * FAIR_BURST_SECONDS)
                 client_ms = _throttle_ms(shaper.tokens(now_ms) - held, quota)
-                fair_ms = self._fair_ms(self.fair, self.shared_buckets, bucket, quota, size, now_ms)
+                if client_ms:  # the shared bucket holds this replica's clients back: they want more
+                    usage.throttled(bucket, now_ms, client_ms, capped=False)
+                fair_ms = self._fair_ms(self.fair, usage, bucket, part, size, now_ms)
                 client_ms = max(client_ms, fair_ms)
             else:
                 shaper.record(size, now_ms)
                 client_ms = shaper.throttle_ms(now_ms)
-            if shared and client_ms:
-                self.shared_buckets.throttled(bucket, now_ms, client_ms)
         elif match is not None:
             client_ms = throttle_time_ms(measured, quota, rate.window_ms(now_ms))
             if shared and client_ms:
-                self.shared_buckets.throttled(bucket, now_ms, client_ms)
+                self.shared_buckets.throttled(bucket, now_ms, client_ms, capped=False)
         rate.throttled_ms += client_ms
         part_ms, worst = self.record_partitions(partitions, now_ms)
         self.maybe_expire(now_ms)
@@ -230,12 +239,23 @@ class ByteRateQuotas:
 
     # --- one quota across replicas ----------------------------------------------------------------
 
+    @staticmethod
+    def _starved(
+        table: dict[Bucket, TokenBucket] | dict[PartitionKey, TokenBucket],
+        key: Bucket | PartitionKey,
+        now_ms: float,
+    ) -> bool:
+        """This replica's clients used nothing of its fair part for a burst's time (its cap is
+        full), or it was not capped yet: they are starved, not merely held in turn."""
+        fair = table.get(key)  # type: ignore[arg-type]
+        return fair is None or fair.tokens(now_ms) >= fair.burst * 0.99
+
+    @staticmethod
     def _fair_ms(
-        self,
         table: dict[Bucket, TokenBucket] | dict[PartitionKey, TokenBucket],
         usage: SharedUsage[Bucket] | SharedUsage[PartitionKey],
         key: Bucket | PartitionKey,
-        quota: float,
+        part: float | None,
         size: float,
         now_ms: float,
     ) -> int:
@@ -246,13 +266,11 @@ class ByteRateQuotas:
         rest on every replica's view of the bucket being the same; views a little apart (a
         report lost, clocks a few milliseconds apart, a replica that joined) stay apart while
         the bucket is in debt, and the replica with the higher view would take the quota from
-        the others' clients. Capped at quota / n, n the replicas whose clients want more, none
-        takes more than its part, and what one leaves goes to the others through the bucket."""
-        n = usage.sharers(key, now_ms, SHARERS_WITHIN_MS)  # type: ignore[arg-type]
-        if n <= 1:
+        the others' clients. Capped at its part (SharedUsage.fair_part), none takes more than
+        that, and what one leaves goes to the others through the bucket."""
+        if part is None:
             table.pop(key, None)  # type: ignore[arg-type]
             return 0
-        part = quota / n
         burst = part * FAIR_BURST_SECONDS
         fair = table.get(key)  # type: ignore[arg-type]
         if fair is None:
@@ -260,7 +278,10 @@ class ByteRateQuotas:
         elif fair.rate != part:
             fair.reconfigure(part, burst, now_ms)
         fair.record(size, now_ms)
-        return fair.throttle_ms(now_ms)
+        throttle_ms = fair.throttle_ms(now_ms)
+        if throttle_ms:
+            usage.throttled(key, now_ms, throttle_ms, capped=True)  # type: ignore[arg-type]
+        return throttle_ms
 
     def _others(self, bucket: Bucket, now_ms: float) -> SampledRate:
         others = self.remote_rates.get(bucket)
@@ -275,12 +296,16 @@ class ByteRateQuotas:
     def add_remote_partitions(self, usage: Iterable[tuple[PartitionKey, float]]) -> None:
         self.shared_partitions.add_remote(usage)
 
-    def add_hot(
-        self, instance: str, buckets: Iterable[Bucket], partitions: Iterable[PartitionKey], now_ms: float
+    def add_wanting(
+        self,
+        instance: str,
+        buckets: Iterable[tuple[Bucket, float, int]],
+        partitions: Iterable[tuple[PartitionKey, float, int]],
+        now_ms: float,
     ) -> None:
-        """What another replica's clients want more of (they were throttled lately)."""
-        self.shared_buckets.add_hot(instance, buckets, now_ms)
-        self.shared_partitions.add_hot(instance, partitions, now_ms)
+        """What another replica's clients want more of: (key, its usage, its flags)."""
+        self.shared_buckets.add_wanting(instance, buckets, now_ms)
+        self.shared_partitions.add_wanting(instance, partitions, now_ms)
 
     def add_confirmed(
         self, buckets: Iterable[tuple[Bucket, float]], partitions: Iterable[tuple[PartitionKey, float]]
@@ -294,12 +319,30 @@ class ByteRateQuotas:
         self.shared_buckets.settle(self.shapers, now_ms)
         self.shared_partitions.settle(self.partition_shapers, now_ms)
 
+    def mode_changed(self, rejoined: bool, now_ms: float) -> None:
+        """The cluster mode changed: every shared bucket refills at its new part of the quota
+        from now (not from its next request, which a throttled client may not send for long).
+        ``rejoined``: this replica held its part alone and reads the exchange again; what its
+        buckets owe then is its own, taken while the others set its part aside: it is dropped,
+        or this replica's clients would wait it out while the others' take the quota."""
+        assert self.cluster is not None
+        multiplier = self.cluster.multiplier
+        factor = self.window.max_value_factor_ms / 1000.0
+        shared = [s for b, s in self.shapers.items() if b in self.shared_buckets.seen]
+        shared += [s for p, s in self.partition_shapers.items() if self._partition_is_shared(p[0])]
+        for shaper in shared:
+            quota = shaper.configured * multiplier
+            if shaper.rate != quota:
+                shaper.reconfigure(quota, quota * factor, now_ms)
+            if rejoined:
+                shaper.forgive(now_ms)
+
     def take_pending(
         self, hot_only: bool = False, now_ms: float = 0.0
-    ) -> tuple[list[tuple[Bucket, float, bool]], list[tuple[PartitionKey, float, bool]]]:
+    ) -> tuple[list[tuple[Bucket, float, int]], list[tuple[PartitionKey, float, int]]]:
         """This replica's usage of shared buckets and partitions since its last report, emptied,
-        each with whether its clients were throttled lately; with ``hot_only``, only of those
-        (the rest wait for the next full report)."""
+        each with its flags (BLOCKED, CAPPED: its clients were throttled lately, and by what);
+        with ``hot_only``, only the flagged (the rest wait for the next full report)."""
         return (
             self.shared_buckets.take_pending(hot_only, now_ms),
             self.shared_partitions.take_pending(hot_only, now_ms),
@@ -416,8 +459,14 @@ class ByteRateQuotas:
                 prate.record(usage.size, now_ms)
                 if shared and not cluster.local_only:  # type: ignore[union-attr]
                     parts.local(key, usage.size, confirmable=True)
-                    ms = _throttle_ms(shaper.tokens(now_ms) - parts.own(key), quota)
-                    ms = max(ms, self._fair_ms(self.partition_fair, parts, key, quota, usage.size, now_ms))
+                    held = parts.own(key)
+                    part = parts.fair_part(key, quota, now_ms, SHARERS_WITHIN_MS)
+                    if part is not None and self._starved(self.partition_fair, key, now_ms):  # as in record()
+                        shaper.forgive(now_ms, held - part * FAIR_BURST_SECONDS)
+                    ms = _throttle_ms(shaper.tokens(now_ms) - held, quota)
+                    if ms:
+                        parts.throttled(key, now_ms, ms, capped=False)
+                    ms = max(ms, self._fair_ms(self.partition_fair, parts, key, part, usage.size, now_ms))
                 else:
                     if shared:
                         self.shared_partitions.local(key, usage.size, confirmable=False)
@@ -428,8 +477,8 @@ class ByteRateQuotas:
                 if shared:
                     self.shared_partitions.local(key, usage.size, confirmable=False)
                 ms = throttle_time_ms(prate.measure(now_ms), quota, prate.window_ms(now_ms))
-            if shared and ms:
-                self.shared_partitions.throttled(key, now_ms, ms)
+            if shared and ms and not steady:
+                self.shared_partitions.throttled(key, now_ms, ms, capped=False)
             prate.throttled_ms += ms
             if ms > part_ms:
                 part_ms, worst = ms, key

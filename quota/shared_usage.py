@@ -20,6 +20,7 @@ import math
 from collections.abc import Iterable
 from typing import Generic, TypeVar
 
+from quota.cluster_report import BLOCKED, CAPPED
 from quota.rate import SampledRate
 from quota.token_bucket import TokenBucket
 
@@ -37,10 +38,14 @@ class SharedUsage(Generic[K]):
         self.remote_old: dict[K, float] = {}
         self.confirmed_old: dict[K, float] = {}
         self.remote_ms: dict[K, float] = {}  # when the others' usage last went in
-        # Keys whose clients this replica throttled, until when: reported every hot interval,
-        # flagged hot (they want more than they get), for as long as the throttle lasts.
-        self.hot: dict[K, float] = {}
-        self.hot_peers: dict[K, dict[str, float]] = {}  # other replicas whose clients want more
+        # Keys whose clients this replica throttled, until when, by the shared bucket (blocked)
+        # or by its fair part (capped): reported every hot interval, flagged, for as long as the
+        # throttle lasts.
+        self.blocked: dict[K, float] = {}
+        self.capped: dict[K, float] = {}
+        # Other replicas whose clients of a key want more: when told, their usage rate, flags.
+        self.wanting: dict[K, dict[str, tuple[float, float, int]]] = {}
+        self.seen: set[K] = set()  # keys this replica's clients used as shared
         self._aged_ms = now_ms
 
     # --- this replica's usage ----------------------------------------------------------------
@@ -62,25 +67,31 @@ class SharedUsage(Generic[K]):
     def own(self, key: K) -> float:
         return self.unconfirmed.get(key, 0.0)
 
-    def throttled(self, key: K, now_ms: float, throttle_ms: float) -> None:
-        """This replica throttled a client of ``key``: it wants more than it gets."""
+    def throttled(self, key: K, now_ms: float, throttle_ms: float, capped: bool) -> None:
+        """This replica throttled a client of ``key`` (by its fair part when ``capped``, else by
+        the shared bucket): it wants more than it gets."""
+        table = self.capped if capped else self.blocked
         until = now_ms + throttle_ms + 500.0
-        if until > self.hot.get(key, 0.0):
-            self.hot[key] = until
+        if until > table.get(key, 0.0):
+            table[key] = until
 
-    def take_pending(self, hot_only: bool, now_ms: float) -> list[tuple[K, float, bool]]:
-        """Own usage since the last report, emptied, and whether each key is under pressure
-        here (``hot_only``: only the keys under pressure)."""
-        hot, pending = self.hot, self.pending
-        if not hot_only and hot:
-            self.hot = hot = {k: until for k, until in hot.items() if until > now_ms}
+    def flags(self, key: K) -> int:
+        return (BLOCKED if key in self.blocked else 0) | (CAPPED if key in self.capped else 0)
+
+    def take_pending(self, hot_only: bool, now_ms: float) -> list[tuple[K, float, int]]:
+        """Own usage since the last report, emptied, with each key's flags (``hot_only``: only
+        the flagged keys)."""
+        if not hot_only:
+            self.blocked = {k: until for k, until in self.blocked.items() if until > now_ms}
+            self.capped = {k: until for k, until in self.capped.items() if until > now_ms}
+        pending, flags = self.pending, self.flags
+        hot = self.blocked.keys() | self.capped.keys()
         # A key whose clients were throttled so much they sent nothing is told too (with no
         # usage): the others must know that this replica's clients want their part.
-        quiet = [(k, 0.0, True) for k in hot if k not in pending]
+        quiet = [(k, 0.0, flags(k)) for k in hot if k not in pending]
         if hot_only:
-            keys = [k for k in pending if k in hot]
-            return [(k, pending.pop(k), True) for k in keys] + quiet
-        taken = [(k, used, k in hot) for k, used in pending.items()]
+            return [(k, pending.pop(k), flags(k)) for k in [k for k in pending if k in hot]] + quiet
+        taken = [(k, used, flags(k)) for k, used in pending.items()]
         self.pending = {}
         return taken + quiet
 
@@ -102,23 +113,42 @@ class SharedUsage(Generic[K]):
         for key, amount in usage:
             remote[key] = get(key, 0.0) + amount
 
-    def add_hot(self, instance: str, keys: Iterable[K], now_ms: float) -> None:
-        """Keys whose clients another replica had to throttle lately: they want more."""
-        for key in keys:
-            peers = self.hot_peers.get(key)
+    def add_wanting(self, instance: str, entries: Iterable[tuple[K, float, int]], now_ms: float) -> None:
+        """Another replica's flagged entries: its clients of those keys want more (its usage
+        since its previous flagged report of each, as a rate)."""
+        wanting = self.wanting
+        for key, usage, flags in entries:
+            peers = wanting.get(key)
             if peers is None:
-                peers = self.hot_peers[key] = {}
-            peers[instance] = now_ms
+                peers = wanting[key] = {}
+            told = peers.get(instance)
+            if told is not None and now_ms - told[0] < 2000.0:
+                rate = usage / max(0.05, (now_ms - told[0]) / 1000.0)
+                rate = (told[1] + rate) / 2
+            else:
+                rate = usage / 0.25
+            peers[instance] = (now_ms, rate, flags)
 
-    def sharers(self, key: K, now_ms: float, within_ms: float) -> int:
-        """This replica and the others whose clients wanted more of ``key`` lately."""
-        peers = self.hot_peers.get(key)
+    def fair_part(self, key: K, quota: float, now_ms: float, within_ms: float) -> float | None:
+        """This replica's fair part of ``quota`` (None: no other replica's clients want more).
+
+        The replicas whose clients want more share it equally; a replica held at its part
+        (capped) that uses well under it, and is not blocked by the shared bucket, is taken at
+        its use, and what it leaves goes to the others (a client that sends in bursts is held at
+        its part now and then, yet wants no more on average)."""
+        peers = self.wanting.get(key)
         if not peers:
-            return 1
-        live = sum(1 for at in peers.values() if now_ms - at <= within_ms)
+            return None
+        live = [told for told in peers.values() if now_ms - told[0] <= within_ms]
         if not live:
-            del self.hot_peers[key]
-        return 1 + live
+            del self.wanting[key]
+            return None
+        n = 1 + len(live)
+        part = quota / n
+        light = [rate for _at, rate, flags in live if flags == CAPPED and rate < 0.8 * part]
+        if light:
+            part += sum(part - rate for rate in light) / (n - len(light))
+        return part
 
     def add_confirmed(self, usage: Iterable[tuple[K, float]]) -> None:
         """This replica's own report read back: its usage leaves ``unconfirmed`` for the bucket."""
@@ -175,16 +205,19 @@ class SharedUsage(Generic[K]):
             self.fold(held, buckets[held], rates.get(held), None, now_ms)
         self.remote_old, self.remote = self.remote, {}
         self.confirmed_old, self.confirmed = self.confirmed, {}
-        if self.hot_peers:
+        if self.wanting:
             quiet = [
-                k for k, peers in self.hot_peers.items() if all(now_ms - t > every_ms for t in peers.values())
+                k
+                for k, peers in self.wanting.items()
+                if all(now_ms - t[0] > every_ms for t in peers.values())
             ]
             for gone in quiet:
-                del self.hot_peers[gone]
+                del self.wanting[gone]
 
     def recently_shared(self, key: K, now_ms: float, within_ms: float) -> bool:
         return now_ms - self.remote_ms.get(key, -math.inf) < within_ms
 
     def forget(self, key: K) -> None:
-        for table in (self.remote_ms, self.unconfirmed, self.hot_peers):
+        for table in (self.remote_ms, self.unconfirmed, self.wanting, self.blocked, self.capped):
             table.pop(key, None)
+        self.seen.discard(key)

@@ -57,6 +57,11 @@ class TokenBucket:
             return 0
         return java_round(-tokens / self.rate * 1000.0)
 
+    def forgive(self, now_ms: float, down_to: float = 0.0) -> None:
+        """Drop what the bucket owes beyond ``down_to`` (tokens below it go back to it)."""
+        self._refill(now_ms)
+        self._tokens = max(min(down_to, self.burst), self._tokens)
+
     def cap(self, tokens: float, now_ms: float) -> None:
         """Hold at most ``tokens`` (what the recent traffic leaves of a new or lowered quota)."""
         self._refill(now_ms)
