@@ -13,7 +13,7 @@ from typing import Any
 
 from protocol.api_keys import ApiKey, api_name, has_schema
 from protocol.errors import ErrorCode
-from protocol.records import iter_batches
+from protocol.records import complete_size, iter_batches
 from protocol.schema import Buffer, SchemaError, message_codec, message_schema, read_uvarint
 from protocol.versions import ADDRESS_LEAKING_CAP, ADVERTISED_BELOW_ACCEPTED, DECODED_APIS, codec_versions
 
@@ -224,6 +224,7 @@ class PartitionBytes:
     size: int
     record_count: int = 0
     producer_ids: set[int] = field(default_factory=set)
+    partial: int = 0  # Fetch: bytes of a trailing partial batch (in ``size``), which the client drops
 
 
 ZERO_TOPIC_ID = bytes(16)
@@ -296,15 +297,15 @@ def produce_error_response(
 
 
 def fetch_response_partitions(resp: dict[str, Any]) -> list[PartitionBytes]:
-    """Per-partition record-set sizes in a Fetch response."""
+    """Per-partition record-set sizes in a Fetch response, and the trailing partial batch of each."""
     out = []
     for topic in resp.get("responses") or []:
         key = _topic_key(topic)
         for part in topic.get("partitions") or []:
             records = part.get("records")
-            out.append(
-                PartitionBytes(key, part["partition_index"], len(records) if records is not None else 0)
-            )
+            size = len(records) if records is not None else 0
+            partial = size - complete_size(records) if size else 0
+            out.append(PartitionBytes(key, part["partition_index"], size, partial=partial))
     return out
 
 

@@ -59,6 +59,20 @@ def iter_batches(records: Buffer) -> Iterator[BatchInfo]:
         pos += size
 
 
+def complete_size(records: Buffer) -> int:
+    """Bytes of the complete batches at the start of a record set: a Fetch response may end a
+    partition's records with part of a batch (cut at the fetch's size limit), which the client
+    throws away and fetches again."""
+    pos = 0
+    end = len(records)
+    while pos + LOG_OVERHEAD <= end:
+        (length,) = _LEN.unpack_from(records, pos + 8)
+        if length < 0 or pos + LOG_OVERHEAD + length > end:
+            break
+        pos += LOG_OVERHEAD + length
+    return pos
+
+
 def producer_ids(records: Buffer) -> set[int]:
     """Producer ids of the idempotent or transactional batches in a record set."""
     return {b.producer_id for b in iter_batches(records) if b.producer_id != NO_PRODUCER_ID}
