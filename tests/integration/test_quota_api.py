@@ -37,6 +37,9 @@ JAVA_ADMIN = str(Path(__file__).parent / "java" / "QuotaAdmin.java")
 USERS = {"admin": f"admin-pw-{uuid.uuid4().hex}", "alice": f"alice-pw-{uuid.uuid4().hex}"}
 WINDOW_NUM, WINDOW_SIZE_S = 5, 0.5  # a 2.5 s quota window: the tests' bound is two of them
 WINDOW_S = WINDOW_NUM * WINDOW_SIZE_S
+# A producer offered more than its quota has a full queue when the test stops it, and delivers it
+# at the quota before it closes: 512 KiB of it, not librdkafka's 4 MiB (8-16 s measuring nothing).
+QUEUE = {"extra": {"queue.buffering.max.kbytes": 512}}
 KiB = 1024
 
 
@@ -372,7 +375,9 @@ def test_new_quota_throttles_live_producers_on_every_instance_within_two_windows
             _wait_store_ready(proxy, topic)
         threads = [
             threading.Thread(
-                target=steady_producer, args=(p.bootstrap, data_topic, "live", offered, stop, acked[i])
+                target=steady_producer,
+                args=(p.bootstrap, data_topic, "live", offered, stop, acked[i]),
+                kwargs=QUEUE,
             )
             for i, p in enumerate(proxies)
         ]
@@ -450,7 +455,9 @@ def test_alteration_survives_a_restart(cluster: KafkaCluster, tmp_path: Path) ->
         assert f"Quota configs for client-id 'restarted' are producer_byte_rate={float(quota)}" in out
         stop, acked = threading.Event(), []  # type: ignore[var-annotated]
         worker = threading.Thread(
-            target=steady_producer, args=(proxy.bootstrap, data_topic, "restarted", offered, stop, acked)
+            target=steady_producer,
+            args=(proxy.bootstrap, data_topic, "restarted", offered, stop, acked),
+            kwargs=QUEUE,
         )
         started = time.monotonic()
         worker.start()
