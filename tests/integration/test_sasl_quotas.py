@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -136,26 +137,30 @@ def test_failed_login_is_never_charged(sasl_cluster: KafkaCluster, tmp_path: Pat
     topic = f"sasl-refused-{uuid.uuid4().hex[:6]}"
     sasl_cluster.create_topic(topic)
     with ProxyProcess(_proxy_config(sasl_cluster), workdir=tmp_path) as proxy:
-        # A wrong password: the broker refuses, and the name claimed is never charged.
-        mallory = _producer(proxy.bootstrap, "bob", "not-bobs-password", "PLAIN", "intruder")
-        reports: list[object] = []
-        mallory.produce(topic, b"y" * 1024, on_delivery=lambda err, _msg: reports.append(err))  # type: ignore[attr-defined]
-        mallory.flush(8)  # type: ignore[attr-defined]
-        # Still queued, never delivered: no delivery report at all. (flush's return value also
-        # counts librdkafka's protocol requests in flight, such as a reconnect's next SASL
-        # handshake, so it read 2 now and then.)
-        assert reports == []
-        with pytest.raises(KafkaException):
-            from confluent_kafka.admin import AdminClient
+        from confluent_kafka.admin import AdminClient
 
-            AdminClient(
-                {
-                    "bootstrap.servers": proxy.bootstrap,
-                    "security.protocol": "SASL_PLAINTEXT",
-                    "sasl.mechanism": "PLAIN",
-                    "sasl.username": "bob",
-                    "sasl.password": "wrong",
-                }
-            ).list_topics(timeout=5)
+        admin = AdminClient(
+            {
+                "bootstrap.servers": proxy.bootstrap,
+                "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": "PLAIN",
+                "sasl.username": "bob",
+                "sasl.password": "wrong",
+            }
+        )
+        # The admin client's listing meanwhile, in a thread: both wait out their timeouts.
+        with ThreadPoolExecutor(1) as pool:
+            listing = pool.submit(admin.list_topics, timeout=5)
+            # A wrong password: the broker refuses, and the name claimed is never charged.
+            mallory = _producer(proxy.bootstrap, "bob", "not-bobs-password", "PLAIN", "intruder")
+            reports: list[object] = []
+            mallory.produce(topic, b"y" * 1024, on_delivery=lambda err, _msg: reports.append(err))  # type: ignore[attr-defined]
+            mallory.flush(8)  # type: ignore[attr-defined]
+            # Still queued, never delivered: no delivery report at all. (flush's return value also
+            # counts librdkafka's protocol requests in flight, such as a reconnect's next SASL
+            # handshake, so it read 2 now and then.)
+            assert reports == []
+            with pytest.raises(KafkaException):
+                listing.result()
         bob = json.loads(proxy.admin_get("/quotas/entity?user=bob&client_id=intruder")[1])
         assert "rate" not in bob["producer_byte_rate"]  # no state, no charge
