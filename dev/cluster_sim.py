@@ -78,7 +78,9 @@ class Simulation:
             quotas = ByteRateQuotas(cfg, produce=True, now_ms=0.0)
             link = ClusterLink()
             quotas.cluster = link
-            membership = ClusterMembership(f"r{i:03d}", self.replicas, self.staleness_ms, 0.0)
+            membership = ClusterMembership(
+                f"r{i:03d}", self.replicas, self.staleness_ms, 0.0, incarnation=f"r{i:03d}"
+            )
             membership.caught_up = True  # a running cluster: every replica has read the topic,
             membership.own_seen_ms = 0.0  # and its own reports come back
             self.nodes.append(SimReplica(f"r{i:03d}", quotas, membership, link))
@@ -165,7 +167,7 @@ class Simulation:
         if changed:
             node.quotas.mode_changed(rejoined, t)
         node.seq += 1
-        report = UsageReport(node.name, node.seq, t, f"sim:{i}", mode.local_only)
+        report = UsageReport(node.name, node.seq, t, f"sim:{i}", mode.local_only, incarnation=node.name)
         buckets, parts = node.quotas.take_pending(not full, t)
         for (user, client), value, flags in buckets:
             report.add(PRODUCE, user, client, value, flags)

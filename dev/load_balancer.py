@@ -396,6 +396,7 @@ class GatewayReplicas:
             elif per_replica is not None and i < len(per_replica):
                 cfg = _merged(cfg, per_replica[i])
             self.replicas.append(ProxyProcess(cfg, workdir=self.workdir / f"replica-{i}"))
+
         def servers(port: int, first: int) -> list[Server]:
             """The replicas in round-robin order from ``first``: each frontend has its own
             round robin, so the first connection to each port lands on a different replica

@@ -213,6 +213,7 @@ def entity_state(enforcer: QuotaEnforcer, user: str, client_id: str) -> dict[str
                 "this_replica_rate": mine,
                 "cluster_rate": total,
                 "multiplier": enforcer.cluster.multiplier if quotas.shared(match) else 1.0,
+                **quotas.fairness(bucket, now),
             }
             if "rate" in state:
                 state["rate"] = total

@@ -227,7 +227,13 @@ def main(argv: list[str] | None = None) -> int:
         level=cfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     from proxy import secrets
+    from proxy.ratelog import RateLimitFilter
 
+    # The state exchanges' client (aiokafka) logs every retry of a broker it cannot reach; the
+    # exchanges say themselves, once, when they lose and regain the cluster.
+    quiet = RateLimitFilter("aiokafka")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(quiet)
     secrets.install()  # the upstream password and admin token never reach the log
     if cfg.upstream_sasl is not None and cfg.upstream_sasl.password is not None:
         secrets.register(cfg.upstream_sasl.password)

@@ -99,6 +99,13 @@ class ClusterQuotaMetrics:
         )
 
 
+def _reason_kind(mode: ClusterMode) -> str | None:
+    """What a change of mode is logged on: its kind and part, not the seconds in its reason."""
+    if not mode.reason:
+        return ""
+    return f"{mode.local_only}:{mode.multiplier:.4f}:{','.join(mode.cut_off)}"
+
+
 def default_instance() -> str:
     """Unique per process even where host names and pids repeat (containers run as pid 1)."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -130,12 +137,14 @@ class ClusterQuotaService:
         self.enforcer = enforcer
         self.wall_clock = wall_clock
         self.metrics = ClusterQuotaMetrics(registry)
+        self.incarnation = uuid.uuid4().hex[:12]
         self.membership = ClusterMembership(
             self.instance,
             ccfg.replicas,
             ccfg.staleness_seconds * 1000.0,
             enforcer.now_ms(),
             peer_grace_ms=ccfg.peer_grace_seconds * 1000.0,
+            incarnation=self.incarnation,
         )
         self.link = ClusterLink()
         self.mode = self.membership.mode(enforcer.now_ms())
@@ -166,6 +175,7 @@ class ClusterQuotaService:
         self._settled_seq = 0  # own reports up to this one were settled here (exchange down)
         self._confirmed_seq = 0  # own reports up to this one came back and went into the buckets
         self._sending: set[asyncio.Task[None]] = set()
+        self._probed: dict[str, ProbeOutcome] = {}
         self._waiting: dict[int, asyncio.Future[LogAdmission]] = {}  # our mutation requests
         self._tasks: list[asyncio.Task[None]] = []
         self._last_reason: str | None = None
@@ -205,7 +215,13 @@ class ClusterQuotaService:
         if self.exchange.connected:  # the others forget this replica at once, its part is free
             with contextlib.suppress(Exception):
                 self._seq += 1
-                leaving = UsageReport(self.instance, self._seq, self.wall_clock() * 1000.0, leaving=True)
+                leaving = UsageReport(
+                    self.instance,
+                    self._seq,
+                    self.wall_clock() * 1000.0,
+                    leaving=True,
+                    incarnation=self.incarnation,
+                )
                 await asyncio.wait_for(self.exchange.publish(self.instance.encode(), leaving.encode()), 2.0)
         await self.exchange.stop()
         if self._http is not None:
@@ -248,6 +264,8 @@ class ClusterQuotaService:
         now = self.now_ms()
         factor = self.membership.accept(record, now, self.wall_clock() * 1000.0)
         if record.instance == self.instance:
+            if record.incarnation != self.incarnation:
+                return  # the process this one replaced (same instance name)
             # Once, and not those whose usage went into the buckets when the exchange stopped
             # (nor those made meanwhile, which say fallback).
             if not record.fallback and record.seq > max(self._settled_seq, self._confirmed_seq):
@@ -326,7 +344,12 @@ class ClusterQuotaService:
         """This replica's usage since its last report (``hot_only``: of the buckets under pressure)."""
         self._seq += 1
         report = UsageReport(
-            self.instance, self._seq, self.wall_clock() * 1000.0, self.address, self.mode.local_only
+            self.instance,
+            self._seq,
+            self.wall_clock() * 1000.0,
+            self.address,
+            self.mode.local_only,
+            incarnation=self.incarnation,
         )
         for table, kind, part_kind in (
             (self.enforcer.produce, PRODUCE, PRODUCE_PARTITION),
@@ -389,7 +412,7 @@ class ClusterQuotaService:
         self.metrics.multiplier.set(mode.multiplier)
         if self.membership.round_trip_ms is not None:
             self.metrics.lag.set(max(0.0, self.membership.round_trip_ms / 1000.0))
-        if mode.reason != self._last_reason:
+        if _reason_kind(mode) != self._last_reason:
             if mode.reason:
                 log.warning(
                     "cluster quotas: %s; enforcing %.3g of each quota here%s",
@@ -399,7 +422,7 @@ class ClusterQuotaService:
                 )
             elif self._last_reason is not None:
                 log.info("cluster quotas: exchange working, %d replica(s) share the quotas", mode.instances)
-            self._last_reason = mode.reason
+            self._last_reason = _reason_kind(mode)
         return mode
 
     # --- liveness of silent replicas ----------------------------------------------------------
@@ -428,7 +451,11 @@ class ClusterQuotaService:
             outcome = ProbeOutcome.UNREACHABLE
         self.metrics.probes.labels(outcome.value).inc()
         self.membership.probe_result(instance, outcome, self.now_ms())
-        log.info("cluster quotas: replica %s at %s is silent; probe: %s", instance, address, outcome.value)
+        if self._probed.get(instance) != outcome:  # said once per change, not every second
+            self._probed[instance] = outcome
+            log.info(
+                "cluster quotas: replica %s at %s is silent; probe: %s", instance, address, outcome.value
+            )
 
     # --- mutations (KIP-599) across replicas --------------------------------------------------
 

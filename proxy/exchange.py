@@ -24,9 +24,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from proxy.config import ProxyConfig, default_security_protocol, exchange_addresses
+from proxy.ratelog import RateLimitedLog
 from proxy.tls import client_context
 
 log = logging.getLogger(__name__)
+publish_log = RateLimitedLog(log)
 
 OnRecord = Callable[[bytes | None, bytes | None], None]
 OnTimedRecord = Callable[[bytes | None, bytes | None, int], None]  # and its timestamp (ms)
@@ -182,7 +184,9 @@ class CompactedTopic:
         except Exception as exc:  # any client error: counted, logged, retried at the next interval
             self._publish_errors.inc()
             self._connected.set(0)  # the client reconnects by itself; say so meanwhile
-            log.warning("exchange %s: publication failed: %s", self.topic, exc)
+            publish_log.log(
+                logging.WARNING, self.topic, "exchange %s: publication failed: %s", self.topic, exc
+            )
             return False
         self._connected.set(1)
         return True

@@ -43,3 +43,38 @@ class RateLimitedLog:
         self.logger.log(level, msg, *args)
         self._windows[kind] = (start, logged + 1, 0)
         return True
+
+
+class RateLimitFilter(logging.Filter):
+    """The same bound for a library's own log lines (attach to the handlers; a logger's filters
+    do not see its children's records): a client that cannot reach a broker logs each retry,
+    many a second. Each message template of the loggers under ``prefix`` logs ``burst`` lines per
+    ``interval`` seconds, and the next line that gets through says how many were suppressed."""
+
+    def __init__(
+        self, prefix: str, interval: float = 30.0, burst: int = 2, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self.prefix = prefix
+        self.interval = interval
+        self.burst = burst
+        self.clock = clock
+        self._windows: dict[str, tuple[float, int, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.prefix):
+            return True
+        kind = f"{record.name}:{record.msg}"
+        now = self.clock()
+        start, logged, suppressed = self._windows.get(kind, (now, 0, 0))
+        if now - start >= self.interval:
+            start, logged = now, 0
+        if logged >= self.burst:
+            self._windows[kind] = (start, logged, suppressed + 1)
+            if len(self._windows) > 1000:  # templates are few; bound it anyway
+                self._windows.clear()
+            return False
+        if suppressed:
+            record.msg = f"{record.msg} ({suppressed} similar lines suppressed)"
+        self._windows[kind] = (start, logged + 1, 0)
+        return True

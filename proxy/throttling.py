@@ -336,13 +336,25 @@ class QuotaEnforcer:
             why,
         )
 
-    def on_init_producer_id(self, user: str, client_id: str, producer_id: int = -1) -> int:
-        """A user over producer_ids_rate has its InitProducerId answered with the throttle its
-        new id meets, so the new producer waits before its first Produce (see
-        ProducerIdQuotas.allocate)."""
+    def reserve_producer_id(self, user: str, client_id: str) -> int:
+        """How long an InitProducerId waits before it is forwarded (ProducerIdQuotas.reserve);
+        0 in a dry run (the wait is reported, not applied)."""
         if not self.producer_ids.active or self.producer_ids.match(user) is None:
             return 0
-        throttle = self.producer_ids.allocate(user, producer_id, self.now_ms())
+        wait = self.producer_ids.reserve(user, self.now_ms())
+        if wait:
+            self._throttled("InitProducerId", wait, "producer-ids", user, client_id, "user over its rate")
+        return 0 if self.dry_run else wait
+
+    def on_init_producer_id(
+        self, user: str, client_id: str, producer_id: int = -1, reserved: bool = False
+    ) -> int:
+        """The answer to an InitProducerId: its id is counted; under kafka shaping, a user over
+        producer_ids_rate has it answered with the throttle its next new id would meet, so the
+        new producer waits before its first Produce (ProducerIdQuotas.settle)."""
+        if not self.producer_ids.active or self.producer_ids.match(user) is None:
+            return 0
+        throttle = self.producer_ids.settle(user, producer_id, self.now_ms(), reserved)
         if throttle:
             self._throttled("InitProducerId", throttle, "producer-ids", user, client_id, "user over its rate")
         return 0 if self.dry_run else throttle

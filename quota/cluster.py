@@ -74,9 +74,10 @@ class ClusterLink:
 
 
 class _Peer:
-    __slots__ = ("address", "at_ms", "fallback", "heard_ms", "probe", "probe_due_ms", "seq")
+    __slots__ = ("address", "at_ms", "fallback", "heard_ms", "incarnation", "probe", "probe_due_ms", "seq")
 
     def __init__(self, report: UsageReport, now_ms: float) -> None:
+        self.incarnation = report.incarnation
         self.address = report.address
         self.seq = report.seq
         self.at_ms = report.at_ms
@@ -97,8 +98,10 @@ class ClusterMembership:
         now_ms: float,
         peer_grace_ms: float = 30_000.0,
         probe_interval_ms: float = 1000.0,
+        incarnation: str = "",
     ) -> None:
         self.instance = instance
+        self.incarnation = incarnation
         self.replicas = max(1, replicas)  # assumed until the exchange has told
         self.staleness_ms = staleness_ms
         self.peer_grace_ms = peer_grace_ms
@@ -146,6 +149,8 @@ class ClusterMembership:
         replica held that replica's part apart, or it is past.
         """
         if report.instance == self.instance:
+            if report.incarnation != self.incarnation:
+                return None  # the process this one replaced
             sent = self._published.pop(report.seq, None)
             if sent is not None:
                 self.round_trip_ms = now_ms - sent
@@ -158,6 +163,10 @@ class ClusterMembership:
         late = age > self.staleness_ms
         heard = now_ms - age if late else now_ms
         peer = self.peers.get(report.instance)
+        if peer is not None and peer.incarnation != report.incarnation:
+            if late:
+                return None  # the process it replaced, read late: nothing to learn from it
+            peer = None  # restarted under the same name: its reports count from 1 again
         if peer is None:
             self.peers[report.instance] = _Peer(report, heard)
             usable = self.caught_up and not report.fallback and not report.legacy_rates and not late

@@ -52,7 +52,7 @@ class UsageReport:
     """One replica's usage since its previous report, and its state."""
 
     instance: str
-    seq: int  # 1, 2, ... per replica; a gap means reports were missed
+    seq: int  # 1, 2, ... per replica process; a gap means reports were missed
     at_ms: float  # the replica's wall clock when it made the report
     address: str | None = None  # host:port of its admin endpoint (the liveness probe), if any
     fallback: bool = False  # it cannot trust the exchange now and holds quota / replicas alone
@@ -65,6 +65,9 @@ class UsageReport:
     # (the replicas whose clients want more share the quota equally).
     flags: list[int] = field(default_factory=list)
     legacy_rates: bool = False  # version 1: values are rates (per second), not usage
+    # Random per process: a replica restarted under the same instance name counts its reports
+    # from 1 again, and is told apart from the process it replaces.
+    incarnation: str = ""
 
     def __len__(self) -> int:
         return len(self.kinds)
@@ -83,6 +86,7 @@ class UsageReport:
         head = {
             "instance": self.instance,
             "seq": self.seq,
+            "incarnation": self.incarnation,
             "at_ms": int(self.at_ms),
             "address": self.address,
             "fallback": self.fallback,
@@ -192,6 +196,9 @@ def _decode_usage(head: dict[str, object], compressed: bytes) -> UsageReport:
     address = head.get("address")
     if address is not None and not isinstance(address, str):
         raise ReportError("address: must be a string or null")
+    incarnation = head.get("incarnation", "")
+    if not isinstance(incarnation, str):
+        raise ReportError("incarnation: must be a string")
     try:
         body = zlib.decompress(compressed)
     except zlib.error as exc:
@@ -240,6 +247,7 @@ def _decode_usage(head: dict[str, object], compressed: bytes) -> UsageReport:
         strings[n:],
         floats,
         list(flags),
+        incarnation=incarnation,
     )
 
 

@@ -348,6 +348,24 @@ class ByteRateQuotas:
             self.shared_partitions.take_pending(hot_only, now_ms),
         )
 
+    def fairness(self, bucket: Bucket, now_ms: float) -> dict[str, object]:
+        """How the replicas share a bucket now, for the admin endpoint: this replica's flags, its
+        fair part (None: no other replica's clients want more) and the replicas whose do."""
+        usage = self.shared_buckets
+        match = self.match(*bucket) if bucket[0] or bucket[1] else None
+        quota = match.quota * (self.cluster.multiplier if self.cluster else 1.0) if match else None
+        part = usage.fair_part(bucket, quota, now_ms, SHARERS_WITHIN_MS) if quota else None
+        peers = usage.wanting.get(bucket, {})
+        return {
+            "blocked": bucket in usage.blocked and usage.blocked[bucket] > now_ms,
+            "capped": bucket in usage.capped and usage.capped[bucket] > now_ms,
+            "fair_part": part,
+            "wanting": {
+                name: {"age_ms": round(now_ms - at), "rate": round(rate), "flags": flags}
+                for name, (at, rate, flags) in sorted(peers.items())
+            },
+        }
+
     def shared_rates(self, bucket: Bucket, now_ms: float) -> tuple[float, float]:
         """(this replica's, all replicas') rate of a bucket: its share and the cluster total."""
         rate = self.clients.get(bucket)

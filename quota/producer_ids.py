@@ -51,12 +51,13 @@ class ProducerIdDecision:
 
 
 class _User:
-    __slots__ = ("bucket", "filters", "rate")
+    __slots__ = ("bucket", "filters", "rate", "reserved")
 
     def __init__(self, filters: TimedBloomFilter, rate: SampledRate) -> None:
         self.filters = filters
         self.rate = rate
         self.bucket: TokenBucket | None = None  # steady shaping
+        self.reserved = 0  # InitProducerIds charged before they were forwarded, not yet answered
 
 
 class ProducerIdQuotas:
@@ -210,22 +211,54 @@ class ProducerIdQuotas:
             return self._bucket(state, match, now_ms).throttle_ms(now_ms), measured
         return throttle_time_ms(measured, self._quota(match), window_ms), measured
 
-    def allocate(self, user: str, producer_id: int, now_ms: float) -> int:
-        """An InitProducerId handed ``producer_id`` to the user: under steady shaping the id is
-        counted now (its Produce requests then find it known) and the answer carries the
-        throttle that follows, so each new producer waits its turn; under kafka shaping, the
-        throttle the user's next new id would meet (``pending_throttle_ms``)."""
+    def reserve(self, user: str, now_ms: float) -> int:
+        """An InitProducerId of the user, before it is forwarded (steady shaping): the id it will
+        bring is charged now, and the time it must wait before it goes on is returned (0: now).
+
+        A new producer cannot produce before it has its id; held here, it waits its turn, on
+        whichever broker and gateway replica it produces to later (a throttle on the answer
+        would only mute the connection it came on, and a short-lived producer's Produce goes on
+        others). Each reservation deepens the bucket: producers started together are spaced out
+        at the quota. The answer settles it (``settle``)."""
+        match = self.match(user)
+        if match is None or not self.steady:
+            return 0
+        state = self.users.get(user) or self._new_user(user, now_ms)
+        bucket = self._bucket(state, match, now_ms)
+        bucket.record(1, now_ms)
+        state.reserved += 1
+        throttle_ms = bucket.throttle_ms(now_ms)
+        state.rate.throttled_ms += throttle_ms
+        return throttle_ms
+
+    def settle(self, user: str, producer_id: int, now_ms: float, reserved: bool) -> int:
+        """An InitProducerId's answer handed ``producer_id`` to the user (-1: none): the id is
+        counted now if new (its Produce requests then find it known), its reservation given back
+        if it is not (a transactional producer's id again). Returns the throttle for the answer:
+        0 under steady shaping (the request waited before it went on), else the throttle the
+        user's next new id would meet (``pending_throttle_ms``)."""
         match = self.match(user)
         if match is None:
             return 0
-        if not self.steady or producer_id <= NO_PRODUCER_ID:
+        if not self.steady:
             return self.pending_throttle_ms(user, now_ms)
         state = self.users.get(user) or self._new_user(user, now_ms)
-        self._count(user, state, match, (producer_id,), now_ms)
-        throttle_ms, _measured = self._throttle(state, match, now_ms)
-        state.rate.throttled_ms += throttle_ms
+        if reserved and state.reserved > 0:
+            state.reserved -= 1
+        else:
+            reserved = False
+        new = producer_id > NO_PRODUCER_ID and state.filters.observe(producer_id, now_ms)
+        if new:
+            state.rate.record(1, now_ms)
+            if self._shared(match):
+                self.claims.append((user, producer_id))
+        bucket = self._bucket(state, match, now_ms)
+        if reserved and not new:
+            bucket.record(-1, now_ms)  # no new id after all
+        elif new and not reserved:
+            bucket.record(1, now_ms)
         self.maybe_expire(now_ms)
-        return throttle_ms
+        return 0
 
     def add_remote_claims(self, _instance: str, claims: Iterable[tuple[str, int]], now_ms: float) -> None:
         """Ids another replica saw first: each counts here too unless this replica knows it

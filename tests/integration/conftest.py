@@ -19,10 +19,10 @@ from dev.harness import KafkaCluster
 log = logging.getLogger(__name__)
 
 
-def _started(brokers: int) -> KafkaCluster:
+def _started(brokers: int, relayed_listeners: tuple[str, ...] = ()) -> KafkaCluster:
     """Start a cluster and log how long it took (visible with -o log_cli=true, or on failure)."""
     began = time.monotonic()
-    cluster = KafkaCluster(brokers=brokers)
+    cluster = KafkaCluster(brokers=brokers, relayed_listeners=relayed_listeners)
     cluster.start()  # stops its nodes and raises with their log tails if they do not come up
     log.info(
         "%d-node kafka cluster up in %.1fs at %s",
@@ -46,8 +46,9 @@ def kafka_broker() -> Iterator[KafkaCluster]:
 @pytest.fixture(scope="session")
 def kafka_cluster3() -> Iterator[KafkaCluster]:
     """Three KRaft broker+controller nodes (ids 1..3) with a static quorum, shared by the session
-    until its last user has run."""
-    cluster = _started(3)
+    until its last user has run. Its listener EXCHANGE is advertised at ports where a test may
+    put a relay, to cut one gateway replica off the cluster-quota exchange alone."""
+    cluster = _started(3, relayed_listeners=("EXCHANGE",))
     _early_stop["cluster"] = cluster
     try:
         yield cluster

@@ -275,13 +275,17 @@ def test_pending_throttle_reads_without_recording() -> None:
 
 
 def test_producers_started_together_are_spaced_out_at_the_quota() -> None:
-    """Eight InitProducerIds at once from a user past its burst: each id is charged as it is
-    handed out, so each producer is told a throttle one id (1 / quota) longer than the last."""
+    """Eight InitProducerIds at once from a user past its burst: each is charged before it goes
+    on, so each waits one id (1 / quota) longer than the last; their answers settle the charge."""
     q = ProducerIdQuotas(make_cfg(window={"num": 3, "size_seconds": 2}, shaping="steady"), 0)
     q.record("alice", range(4), 0)  # the burst: quota x (num - 1) x size = 4 ids
-    throttles = [q.allocate("alice", 100 + i, 10) for i in range(8)]
-    assert throttles == [1000 * (i + 1) - 10 for i in range(8)]
-    assert q.record("alice", [100], 20).new_ids == 0  # its Produce: already counted
+    waits = [q.reserve("alice", 10) for _ in range(8)]
+    assert waits == [1000 * (i + 1) - 10 for i in range(8)]
+    assert q.settle("alice", 100, 20, reserved=True) == 0
+    assert q.record("alice", [100], 30).new_ids == 0  # its Produce: already counted
+    before = q.pending_throttle_ms("alice", 40)
+    q.settle("alice", 2, 40, reserved=True)  # an id the user had already: the charge goes back
+    assert q.pending_throttle_ms("alice", 40) == before - 1000
 
 
 def test_a_replica_counts_an_id_once_whoever_saw_it_first() -> None:

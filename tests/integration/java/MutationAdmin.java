@@ -29,6 +29,8 @@ import org.apache.kafka.common.errors.ThrottlingQuotaExceededException;
  *                                          sequence [await-quota] NAME:PARTITIONS...
  * "sequence" creates the topics one request at a time; a throttled one is retried after the
  * throttle time it was given, printing "STEP name attempt OK|Exception throttleMs" per request.
+ * "sequence-spread" does the same with a new admin client (new connections) for every request,
+ * so that behind a load balancer the requests reach different gateway replicas.
  * With await-quota it first waits until the cluster shows a controller_mutation_rate for
  * CLIENT_ID, so a quota just set on the broker is in force.
  * Prints one line per topic: "RESULT name OK" or "RESULT name ExceptionClass throttleMs message".
@@ -43,8 +45,8 @@ public class MutationAdmin {
         Map<String, KafkaFuture<Void>> results = new HashMap<>();
         List<String> order = new ArrayList<>();
         try (Admin admin = Admin.create(props)) {
-            if (op.equals("sequence")) {
-                sequence(admin, args[1], args);
+            if (op.equals("sequence") || op.equals("sequence-spread")) {
+                sequence(admin, op.equals("sequence-spread") ? props : null, args[1], args);
                 return;
             }
             if (op.equals("create") || op.equals("validate")) {
@@ -89,7 +91,8 @@ public class MutationAdmin {
         }
     }
 
-    private static void sequence(Admin admin, String clientId, String[] args) throws Exception {
+    private static void sequence(Admin admin, Properties spread, String clientId, String[] args)
+            throws Exception {
         int first = 3;
         if (args.length > 3 && args[3].equals("await-quota")) {
             awaitQuota(admin, clientId);
@@ -100,8 +103,9 @@ public class MutationAdmin {
             NewTopic topic = new NewTopic(parts[0], Integer.parseInt(parts[1]), (short) 1);
             CreateTopicsOptions options = new CreateTopicsOptions().retryOnQuotaViolation(false);
             for (int attempt = 1; ; attempt++) {
+                Admin each = spread == null ? admin : Admin.create(spread);
                 try {
-                    admin.createTopics(Collections.singletonList(topic), options).all().get();
+                    each.createTopics(Collections.singletonList(topic), options).all().get();
                     System.out.println("STEP " + parts[0] + " " + attempt + " OK 0");
                     break;
                 } catch (ExecutionException e) {
@@ -115,6 +119,10 @@ public class MutationAdmin {
                     System.out.println("STEP " + parts[0] + " " + attempt + " "
                         + cause.getClass().getSimpleName() + " " + throttle);
                     Thread.sleep(throttle);
+                } finally {
+                    if (each != admin) {
+                        each.close();
+                    }
                 }
             }
         }
