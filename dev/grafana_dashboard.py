@@ -311,10 +311,31 @@ ROWS: list[tuple[str, list[Panel]]] = [
             Panel(
                 "Cluster quotas",
                 [
-                    (f"max(kthrottle_cluster_quota_instances{{{SEL}}})", "instances"),
-                    (f"max(kthrottle_cluster_quota_fallback{{{SEL}}})", "fallback (quota / instances)"),
-                    (f"sum(kthrottle_cluster_quota_buckets{{{SEL}}})", "cluster buckets"),
+                    (f"max(kthrottle_cluster_quota_instances{{{SEL}}})", "replicas"),
+                    (f"max(kthrottle_cluster_quota_fallback{{{SEL}}})", "fallback"),
+                    (f"min(kthrottle_cluster_quota_multiplier{{{SEL}}})", "part of each quota held (lowest)"),
+                    (f"sum(kthrottle_cluster_quota_buckets{{{SEL}}})", "buckets reported"),
                 ],
+                description="Replicas sharing the quotas through the exchange; fallback 1 while a "
+                "replica cannot trust it (then each holds its part: 1/replicas alone, or what the "
+                "others leave of a replica cut off).",
+            ),
+            Panel(
+                "Shared byte rate per entity: all replicas and each one's part (top 5)",
+                [
+                    (
+                        f"topk(5, max by (direction, user, client_id) "
+                        f"(kthrottle_client_byte_rate{{{SEL}}}))",
+                        "{{direction}} {{user}} {{client_id}} (all replicas)",
+                    ),
+                    (
+                        f"topk(15, kthrottle_client_byte_rate_this_replica{{{SEL}}})",
+                        "{{direction}} {{user}} {{client_id}} on {{pod}}",
+                    ),
+                ],
+                unit="Bps",
+                description="Every replica measures an entity's shared bucket at the rate of all "
+                "replicas together; each one's part is what its own clients use.",
             ),
             Panel(
                 "Exchange lag",

@@ -133,6 +133,36 @@ def _describe_line(entry: dict[str, Any]) -> str:
     return f"Quota configs for {', '.join(parts)} are {values}"
 
 
+def _usage_lines(args: argparse.Namespace) -> list[str]:
+    """For one named client id or user (not a default, not *): what it uses now of each byte-rate
+    quota, on this replica and, where quotas are shared across gateway replicas, on all of them."""
+    names = {"user": args.user, "client_id": args.client_id}
+    if not any(names.values()) or any(v in (DEFAULT, "*") for v in names.values()):
+        return []
+    query = urllib.parse.urlencode({k: v for k, v in names.items() if v is not None})
+    try:
+        status, state = _call(f"{args.admin_url.rstrip('/')}/quotas/entity?{query}", args.timeout)
+    except (OSError, urllib.error.URLError):
+        return []
+    if status != 200 or not isinstance(state, dict):
+        return []
+    lines = []
+    for key in ("producer_byte_rate", "consumer_byte_rate"):
+        item = state.get(key) or {}
+        quota, cluster = item.get("quota"), item.get("cluster")
+        if quota is None and not item.get("rate"):
+            continue
+        of = f" of {quota:.0f} B/s" if quota is not None else " (no quota)"
+        if cluster:
+            lines.append(
+                f"Usage of {key}{of}: {cluster['cluster_rate']:.0f} B/s on all gateway replicas, "
+                f"{cluster['this_replica_rate']:.0f} B/s on this one"
+            )
+        else:
+            lines.append(f"Usage of {key}{of}: {item.get('rate', 0.0):.0f} B/s")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     base = args.admin_url.rstrip("/") + "/quotas/client-quotas"
     try:
@@ -174,6 +204,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             for entry in answer.get("entries", []):
                 print(_describe_line(entry))
+            for line in _usage_lines(args):
+                print(line)
         return EXIT_OK
     code = EXIT_OK
     for entry in answer.get("entries", []):

@@ -27,7 +27,13 @@ class QuotaCollector(Collector):
         now = self.enforcer.now_ms()
         rate = GaugeMetricFamily(
             "kthrottle_client_byte_rate",
-            "Bytes per second of each quota bucket (user, client-id), as the quota measures it",
+            "Bytes per second of each quota bucket (user, client-id), as the quota measures it: "
+            "with quotas shared across gateway replicas, all replicas' traffic",
+            labels=["direction", "user", "client_id"],
+        )
+        share = GaugeMetricFamily(
+            "kthrottle_client_byte_rate_this_replica",
+            "This replica's part of kthrottle_client_byte_rate (quotas shared across gateway replicas)",
             labels=["direction", "user", "client_id"],
         )
         throttle = CounterMetricFamily(
@@ -45,13 +51,24 @@ class QuotaCollector(Collector):
             "Throttle time decided for each topic-partition with a topic quota",
             labels=["direction", "topic", "partition"],
         )
+        shared = self.enforcer.cluster is not None
         for quotas in (self.enforcer.produce, self.enforcer.fetch):
             direction = "produce" if quotas.produce else "fetch"
-            clients = [((a, b), r.measure(now), r.throttled_ms) for (a, b), r in quotas.clients.items()]
-            self._bounded((rate, throttle), sorted(clients, key=lambda row: -row[1]), prefix=(direction,))
+            if shared:
+                rows = []
+                for (a, b), r in list(quotas.clients.items()):
+                    mine, total = quotas.shared_rates((a, b), now)
+                    rows.append(((a, b), total, mine, r.throttled_ms))
+                rows.sort(key=lambda row: -row[1])
+                self._bounded((rate, share, throttle), rows, prefix=(direction,))
+            else:
+                clients = [((a, b), r.measure(now), r.throttled_ms) for (a, b), r in quotas.clients.items()]
+                self._bounded((rate, throttle), sorted(clients, key=lambda row: -row[1]), prefix=(direction,))
             parts = [((t, str(p)), r.measure(now), r.throttled_ms) for (t, p), r in quotas.partitions.items()]
             self._bounded((prate, pthrottle), sorted(parts, key=lambda row: -row[1]), prefix=(direction,))
         yield from (rate, throttle, prate, pthrottle)
+        if shared:
+            yield share
         tracked = GaugeMetricFamily(
             "kthrottle_quota_tracked",
             "Byte-rate quota state held in memory: buckets (user, client-id) and topic-partitions; "

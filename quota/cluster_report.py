@@ -83,6 +83,10 @@ class UsageReport:
         return list(zip(self.kinds, self.firsts, self.seconds, self.values, strict=True))
 
     def encode(self) -> bytes:
+        strings = [*self.firsts, *self.seconds]
+        joined = "\0".join(strings)
+        # Names split on NUL, unless a name holds one (a client id can): then their lengths.
+        separated = joined.count("\0") == max(0, len(strings) - 1)
         head = {
             "instance": self.instance,
             "seq": self.seq,
@@ -92,17 +96,17 @@ class UsageReport:
             "fallback": self.fallback,
             "leaving": self.leaving,
             "n": len(self.kinds),
+            "names": "nul" if separated else "lengths",
         }
         head_bytes = json.dumps(head, separators=(",", ":")).encode()
-        strings = [*self.firsts, *self.seconds]
-        lengths = array("I", map(len, strings))
-        blob = "".join(strings).encode("utf-8", "surrogatepass")
+        blob = (joined if separated else "".join(strings)).encode("utf-8", "surrogatepass")
+        lengths = b"" if separated else _little(array("I", map(len, strings))).tobytes()
         body = b"".join(
             (
                 "".join(self.kinds).encode("ascii"),
                 struct.pack(">I", len(blob)),
                 blob,
-                _little(lengths).tobytes(),
+                lengths,
                 _little(array("d", self.values)).tobytes(),
                 bytes(self.flags),
             )
@@ -203,6 +207,7 @@ def _decode_usage(head: dict[str, object], compressed: bytes) -> UsageReport:
         body = zlib.decompress(compressed)
     except zlib.error as exc:
         raise ReportError(f"body: {exc}") from exc
+    separated = head.get("names", "lengths") == "nul"
     try:
         kinds = body[:n].decode("ascii")
         (blob_len,) = struct.unpack_from(">I", body, n)
@@ -210,8 +215,9 @@ def _decode_usage(head: dict[str, object], compressed: bytes) -> UsageReport:
         blob = body[at : at + blob_len].decode("utf-8", "surrogatepass")
         at += blob_len
         lengths = array("I")
-        lengths.frombytes(body[at : at + 2 * n * lengths.itemsize])
-        at += 2 * n * lengths.itemsize
+        if not separated:
+            lengths.frombytes(body[at : at + 2 * n * lengths.itemsize])
+            at += 2 * n * lengths.itemsize
         values = array("d")
         values.frombytes(body[at : at + n * values.itemsize])
         at += n * values.itemsize
@@ -222,18 +228,23 @@ def _decode_usage(head: dict[str, object], compressed: bytes) -> UsageReport:
     if sys.byteorder != "little":
         lengths.byteswap()
         values.byteswap()
-    sizes = (len(kinds), len(values), len(flags), len(lengths) // 2)
-    if at != len(body) or sizes != (n,) * 4:
+    sizes = (len(kinds), len(values), len(flags))
+    if at != len(body) or sizes != (n,) * 3:
         raise ReportError(f"body: not {n} entries")
     if not KINDS.issuperset(kinds):
         raise ReportError(f"body: unknown entry kind in {sorted(set(kinds) - KINDS)}")
-    ends = list(accumulate(lengths))
-    if (ends[-1] if ends else 0) != len(blob):
+    if separated:
+        strings = blob.split("\0") if n else []
+    else:
+        ends = list(accumulate(lengths))
+        if len(ends) != 2 * n or (ends[-1] if ends else 0) != len(blob):
+            raise ReportError("body: names do not add up")
+        starts = [0, *ends[:-1]] if ends else []
+        strings = [blob[a:b] for a, b in zip(starts, ends, strict=True)]
+    if len(strings) != 2 * n:
         raise ReportError("body: names do not add up")
-    starts = [0, *ends[:-1]] if ends else []
-    strings = [blob[a:b] for a, b in zip(starts, ends, strict=True)]
     floats = values.tolist()
-    if not all(math.isfinite(v) for v in floats):
+    if not math.isfinite(sum(floats)):  # any inf or NaN makes the sum so (or a sum past 1e308)
         raise ReportError("body: a value is not finite")
     return UsageReport(
         instance,
