@@ -23,6 +23,19 @@ class BrokerDirectory:
         self.on_new_node = on_new_node
         self.bootstrap = upstream_addresses(cfg)
 
+    def discovery_addresses(self, last_answered: tuple[str, int] | None = None) -> list[tuple[str, int]]:
+        """Where to ask for the cluster's brokers: the one that answered last, the configured
+        bootstrap addresses, then (gateway mode) every broker learned since, so one broker
+        restarting does not leave the proxy unable to refresh its view (and every replica of a
+        gateway unready at once). A sidecar asks its own broker only: it is ready with it."""
+        addresses = list(self.bootstrap)
+        if self.cfg.mode == "gateway":
+            addresses += [a for _node, a in sorted(self.real.items()) if a not in addresses]
+        if last_answered in addresses:
+            addresses.remove(last_answered)
+            addresses.insert(0, last_answered)
+        return addresses
+
     def learn(self, node_id: int, host: str, port: int) -> None:
         known = self.real.get(node_id)
         if known == (host, port):

@@ -88,6 +88,7 @@ class ProxyServer:
         self._frame_deadline_task: asyncio.Task[None] | None = None
         self._opening: dict[int, asyncio.Task[None]] = {}
         self.admin_port: int | None = None  # once the admin HTTP server listens
+        self._discovered_from: tuple[str, int] | None = None  # the broker that answered last
 
     def _capture_writer(self, cfg: ProxyConfig) -> CaptureWriter:
         if cfg.capture.sink == "kafka":
@@ -211,7 +212,10 @@ class ProxyServer:
     async def _refresh_brokers(self, required: bool) -> None:
         try:
             login = self.upstream_login()
-            nodes = await fetch_brokers(self.brokers.bootstrap, self.cfg.connect_timeout_seconds, login)
+            answered: list[tuple[str, int]] = []
+            addresses = self.brokers.discovery_addresses(self._discovered_from)
+            nodes = await fetch_brokers(addresses, self.cfg.connect_timeout_seconds, login, answered)
+            self._discovered_from = answered[0] if answered else None
         except (ConnectionError, OSError) as exc:  # OSError: an unreadable password_file
             self.upstream_ready = False
             self.metrics.upstream_errors.labels("metadata").inc()

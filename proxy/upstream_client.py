@@ -90,9 +90,13 @@ async def request(
 
 
 async def fetch_brokers(
-    addresses: list[tuple[str, int]], timeout: float, login: UpstreamLogin | None = None
+    addresses: list[tuple[str, int]],
+    timeout: float,
+    login: UpstreamLogin | None = None,
+    answered: list[tuple[str, int]] | None = None,
 ) -> list[tuple[int, str, int]]:
-    """(node_id, host, port) of every live broker, from the first bootstrap address that answers."""
+    """(node_id, host, port) of every live broker, from the first address that answers (put
+    into ``answered``, when given)."""
     last: BaseException | None = None
     for host, port in addresses:
         try:
@@ -108,5 +112,7 @@ async def fetch_brokers(
         except (TimeoutError, OSError, asyncio.IncompleteReadError, ConnectionError) as exc:
             last = exc
             continue
+        if answered is not None:
+            answered[:] = [(host, port)]
         return [(b["node_id"], b["host"], b["port"]) for b in resp.get("brokers") or []]
     raise ConnectionError(f"no bootstrap broker answered Metadata: {last!r}")
