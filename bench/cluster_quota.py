@@ -30,8 +30,8 @@ on, as the chart renders it for more than one replica. In one run:
    charged once a second through the quota code): the CPU the exchange adds, as a share of one
    core, against the same processes without it; and the bytes each replica publishes a second.
    ``simulated_error_50_replicas``: dev/cluster_sim.py with 50 replicas and 10,000 entities, load
-   moving between replicas: the worst greedy entity's error over 10 s after the first burst and
-   after the move, and ``simulated_rebalance_50_replicas_s``.
+   moving between replicas at 16 s: the worst greedy entity's error over 6-28 s (after the first
+   burst, the move included; ``_after_move``: 20-28 s), and ``simulated_rebalance_50_replicas_s``.
 
 Prints progress, then one JSON line last. Usage: source dev/setup.sh && python bench/cluster_quota.py
 [--only NAME,NAME] (parts: fidelity, mutations, rebalance, fallback, lowered, storm, scale, sim)
@@ -235,15 +235,17 @@ def fidelity(cluster: KafkaCluster, results: dict[str, Any]) -> None:
 # --- 2. mutations -----------------------------------------------------------------------------------
 
 
-def _steps(bootstrap: str, client_id: str, *args: str) -> list[tuple[str, int]]:
+def _steps(bootstrap: str, client_id: str, *args: str) -> list[tuple[str, int, int]]:
+    """Each request's (outcome, throttle ms, ms from the first request to its sending)."""
     proc = run_tool(str(JAVA / "MutationAdmin.java"), bootstrap, client_id, *args)
     if proc.returncode != 0:
         raise SystemExit(f"cluster_quota: MutationAdmin failed: {proc.stderr[-1500:]}")
-    return [
-        (line.split(" ")[3], int(line.split(" ")[4]))
-        for line in proc.stdout.splitlines()
-        if line.startswith("STEP ")
-    ]
+    out = []
+    for line in proc.stdout.splitlines():
+        if line.startswith("STEP "):
+            _step, _topic, _attempt, outcome, throttle, at = line.split(" ")
+            out.append((outcome, int(throttle), int(at)))
+    return out
 
 
 def mutations(cluster: KafkaCluster, results: dict[str, Any]) -> None:
@@ -264,7 +266,7 @@ def mutations(cluster: KafkaCluster, results: dict[str, Any]) -> None:
         return [f"{tag}-{uuid.uuid4().hex[:8]}:25" for _ in range(5)]
 
     with Gateway(cluster, quotas) as gw:
-        direct: list[tuple[str, int]] = []
+        direct: list[tuple[str, int, int]] = []
         thread = threading.Thread(
             target=lambda: direct.extend(
                 _steps(cluster.bootstrap_servers, direct_id, "sequence-spread", "await-quota", *names("cq-d"))
@@ -276,8 +278,12 @@ def mutations(cluster: KafkaCluster, results: dict[str, Any]) -> None:
         reached = sum(
             1 for i in range(3) if gw.metric(i, "kthrottle_requests_total", {"api": "CreateTopics"}) > 0
         )
-    same = [o for o, _ in direct] == [o for o, _ in proxied] and all(
-        abs(b - p) <= max(300, 0.1 * b) for (_, b), (_, p) in zip(direct, proxied, strict=True)
+    # The same answers, and each throttle says the bucket is back at zero at the same moment
+    # (from the sequence's first request: a new admin client a request paces them unevenly).
+    same = [o for o, _t, _a in direct] == [o for o, _t, _a in proxied] and all(
+        abs((ba + bt) - (pa + pt)) <= 400
+        for (_, bt, ba), (_, pt, pa) in zip(direct, proxied, strict=True)
+        if bt or pt
     )
     log(f"mutations: broker {direct}, gateway {proxied}, requests reached {reached} replicas")
     results["mutation_answers_match"] = same
@@ -582,10 +588,13 @@ def simulated(results: dict[str, Any]) -> None:
 
     sim.at(16_000, shift)
     sim.run(28_000)
-    errors = [abs(sim.rate(e, 6_000, 16_000) / quota - 1) for e in greedy]
-    errors += [abs(sim.rate(e, 18_000, 28_000) / quota - 1) for e in greedy]
+    # Over the whole run after the first burst, the move included (a bucket the move left unused
+    # for a moment pays out what accrued meanwhile, as a token bucket does), and after it settled.
+    errors = [abs(sim.rate(e, 6_000, 28_000) / quota - 1) for e in greedy]
+    settled = [abs(sim.rate(e, 20_000, 28_000) / quota - 1) for e in greedy]
     rebalanced = [sim.reached_quota_after(e, 16_000, 28_000) for e in greedy]
     results["simulated_error_50_replicas"] = round(max(errors), 4)
+    results["simulated_error_50_replicas_after_move"] = round(max(settled), 4)
     results["simulated_rebalance_50_replicas_s"] = max((r for r in rebalanced if r is not None), default=None)
     results["simulated_never_rebalanced"] = sum(1 for r in rebalanced if r is None)
 

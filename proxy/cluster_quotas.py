@@ -280,49 +280,39 @@ class ClusterQuotaService:
 
     def _confirm(self, report: UsageReport) -> None:
         """This replica's own report came back: its usage goes into the buckets as everybody's."""
-        entries = [(k, a, b, v) for k, a, b, v in report.entries()]
+        groups = report.grouped()
         for table, kind, part_kind in (
             (self.enforcer.produce, PRODUCE, PRODUCE_PARTITION),
             (self.enforcer.fetch, FETCH, FETCH_PARTITION),
         ):
-            buckets = [((a, b), v) for k, a, b, v in entries if k == kind]
-            parts = [((a, int(b)), v) for k, a, b, v in entries if k == part_kind]
-            if buckets or parts:
-                table.add_confirmed(buckets, parts)
+            keys, values, _flags = groups.get(kind, ([], [], []))
+            pkeys, pvalues, _pflags = groups.get(part_kind, ([], [], []))
+            if keys or pkeys:
+                parts = [((topic, int(p)), v) for (topic, p), v in zip(pkeys, pvalues, strict=True)]
+                table.add_confirmed(zip(keys, values, strict=True), parts)
 
     def _apply(self, report: UsageReport, factor: float, now: float) -> None:
         """Add another replica's usage into this one's buckets."""
-        produce, fetch = self.enforcer.produce, self.enforcer.fetch
-        by_kind: dict[str, list[tuple[tuple[str, str], float]]] = {}
-        for kind, first, second, value in zip(
-            report.kinds, report.firsts, report.seconds, report.values, strict=True
-        ):
-            found = by_kind.get(kind)
-            if found is None:
-                found = by_kind[kind] = []
-            found.append(((first, second), value * factor))
-        produce.add_remote(by_kind.get(PRODUCE, ()))
-        fetch.add_remote(by_kind.get(FETCH, ()))
-        for table, part_kind in ((produce, PRODUCE_PARTITION), (fetch, FETCH_PARTITION)):
-            parts = [((topic, int(p)), amount) for (topic, p), amount in by_kind.get(part_kind, ())]
-            if parts:
-                table.add_remote_partitions(parts)
-        wanting: dict[str, list[tuple[tuple[str, str], float, int]]] = {}
-        for kind, first, second, value, flags in zip(
-            report.kinds, report.firsts, report.seconds, report.values, report.flags, strict=True
-        ):
-            if flags:
-                wanting.setdefault(kind, []).append(((first, second), value * factor, flags))
-        for table, kind, part_kind in (
-            (produce, PRODUCE, PRODUCE_PARTITION),
-            (fetch, FETCH, FETCH_PARTITION),
-        ):
-            if kind in wanting or part_kind in wanting:
-                parts_wanting = [((topic, int(p)), v, f) for (topic, p), v, f in wanting.get(part_kind, ())]
-                table.add_wanting(report.instance, wanting.get(kind, ()), parts_wanting, now)
-        claims = [(user, int(pid)) for (user, pid), _one in by_kind.get(PRODUCER_ID, ())]
-        if claims:
-            self.enforcer.producer_ids.add_remote_claims(report.instance, claims, now)
+        for kind, (keys, values, flags) in report.grouped().items():
+            if factor != 1.0:
+                values = [v * factor for v in values]
+            if kind == PRODUCER_ID:
+                claims = [(user, int(pid)) for user, pid in keys]
+                self.enforcer.producer_ids.add_remote_claims(report.instance, claims, now)
+                continue
+            table = self.enforcer.produce if kind in (PRODUCE, PRODUCE_PARTITION) else self.enforcer.fetch
+            wanting = any(flags)
+            if kind in (PRODUCE, FETCH):
+                table.add_remote(zip(keys, values, strict=True))
+                if wanting:
+                    flagged = [(k, v, f) for k, v, f in zip(keys, values, flags, strict=True) if f]
+                    table.add_wanting(report.instance, flagged, (), now)
+            else:
+                parts = [(topic, int(p)) for topic, p in keys]
+                table.add_remote_partitions(zip(parts, values, strict=True))
+                if wanting:
+                    flagged_parts = [(k, v, f) for k, v, f in zip(parts, values, flags, strict=True) if f]
+                    table.add_wanting(report.instance, (), flagged_parts, now)
 
     # --- publishing ----------------------------------------------------------------------------
 
@@ -356,9 +346,10 @@ class ClusterQuotaService:
             (self.enforcer.fetch, FETCH, FETCH_PARTITION),
         ):
             buckets, parts = table.take_pending(hot_only, self.now_ms())
-            for (first, second), value, flags in buckets:
-                if value > 0 or flags:
-                    report.add(kind, first, second, value, flags)
+            told = [(key, used, flags) for key, used, flags in buckets if used > 0 or flags]
+            report.extend(
+                kind, [k for k, _u, _f in told], [u for _k, u, _f in told], [f for _k, _u, f in told]
+            )
             for (topic, partition), value, flags in parts:
                 if value > 0 or flags:
                     report.add(part_kind, topic, str(partition), value, flags)

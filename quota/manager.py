@@ -106,7 +106,6 @@ class ByteRateQuotas:
         self.cluster: ClusterLink | None = None
         self.shared_buckets: SharedUsage[Bucket] = SharedUsage(now_ms)
         self.shared_partitions: SharedUsage[PartitionKey] = SharedUsage(now_ms)
-        self.remote_rates: dict[Bucket, SampledRate] = {}  # the others' part of a bucket's rate
         # This replica's cap at its equal part of a shared bucket that several replicas' clients
         # want more of (see ``_fair_ms``), per client bucket and per partition.
         self.fair: dict[Bucket, TokenBucket] = {}
@@ -187,7 +186,19 @@ class ByteRateQuotas:
             quota *= cluster.multiplier
             usage = self.shared_buckets
             usage.seen.add(bucket)
-            usage.fold(bucket, self.shapers.get(bucket), rate, self._others(bucket, now_ms), now_ms)
+            held_bucket = self.shapers.get(bucket)
+            # The others' usage goes in when the bucket nears its quota (else every few seconds,
+            # SharedUsage.age): far from it, no throttle can follow, and folding every request
+            # of 10,000 entities would cost more than the rest of the exchange together.
+            # (An entity without a quota has its windowed rate, the history a quota set on it
+            # would start from, fed the same way.)
+            if held_bucket is None:
+                near = shaped  # a bucket is made below, from the history with the others' usage
+            else:
+                left = held_bucket.tokens(now_ms) - usage.own(bucket) - usage.waiting(bucket)
+                near = left < held_bucket.burst / 2
+            if near:
+                usage.fold(bucket, held_bucket, rate, now_ms)
         if shaped:
             assert match is not None
             # Made before this request is recorded: a new bucket holds what the recent traffic
@@ -283,12 +294,6 @@ class ByteRateQuotas:
             usage.throttled(key, now_ms, throttle_ms, capped=True)  # type: ignore[arg-type]
         return throttle_ms
 
-    def _others(self, bucket: Bucket, now_ms: float) -> SampledRate:
-        others = self.remote_rates.get(bucket)
-        if others is None:
-            others = self.remote_rates[bucket] = SampledRate(self.window, now_ms)
-        return others
-
     def add_remote(self, usage: Iterable[tuple[Bucket, float]]) -> None:
         """Another replica's report: its usage of client buckets (10,000 entries: milliseconds)."""
         self.shared_buckets.add_remote(usage)
@@ -371,15 +376,11 @@ class ByteRateQuotas:
         rate = self.clients.get(bucket)
         if rate is None:
             return 0.0, 0.0
-        if self.cluster is not None:
-            others = self._others(bucket, now_ms)
-            self.shared_buckets.fold(bucket, self.shapers.get(bucket), rate, others, now_ms)
-        total = rate.measure(now_ms)
-        others_rate = self.remote_rates.get(bucket)
-        remote = (
-            others_rate.total(now_ms) / (rate.window_ms(now_ms) / 1000.0) if others_rate is not None else 0.0
-        )
-        return max(0.0, total - remote), total
+        if self.cluster is None:
+            total = rate.measure(now_ms)
+            return total, total
+        self.shared_buckets.fold(bucket, self.shapers.get(bucket), rate, now_ms)
+        return self.shared_buckets.own_rate(bucket, now_ms), rate.measure(now_ms)
 
     @property
     def steady(self) -> bool:
@@ -471,7 +472,7 @@ class ByteRateQuotas:
                 assert cluster is not None
                 quota *= cluster.multiplier
                 parts = self.shared_partitions
-                parts.fold(key, self.partition_shapers.get(key), prate, None, now_ms)
+                parts.fold(key, self.partition_shapers.get(key), prate, now_ms)
             if steady:
                 shaper = self._bucket(self.partition_shapers, key, quota, now_ms, prate, configured)
                 prate.record(usage.size, now_ms)
@@ -583,8 +584,7 @@ class ByteRateQuotas:
             return match.quota
         assert self.cluster is not None
         rate = self.clients.get(match.bucket)
-        others = self._others(match.bucket, now_ms) if rate is not None else None
-        self.shared_buckets.fold(match.bucket, self.shapers.get(match.bucket), rate, others, now_ms)
+        self.shared_buckets.fold(match.bucket, self.shapers.get(match.bucket), rate, now_ms)
         return match.quota * self.cluster.multiplier
 
     def grant_fetch(
@@ -665,7 +665,6 @@ class ByteRateQuotas:
             self.partitions,
             self.shapers,
             self.partition_shapers,
-            self.remote_rates,
             self.fair,
             self.partition_fair,
         )

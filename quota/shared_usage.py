@@ -25,6 +25,7 @@ from quota.rate import SampledRate
 from quota.token_bucket import TokenBucket
 
 K = TypeVar("K", tuple[str, str], tuple[str, int])
+OWN_RATE_SPAN_MS = 5000.0
 
 
 class SharedUsage(Generic[K]):
@@ -46,6 +47,10 @@ class SharedUsage(Generic[K]):
         # Other replicas whose clients of a key want more: when told, their usage rate, flags.
         self.wanting: dict[K, dict[str, tuple[float, float, int]]] = {}
         self.seen: set[K] = set()  # keys this replica's clients used as shared
+        # This replica's own usage so far (as reported), and two snapshots of it at least
+        # OWN_RATE_SPAN_MS apart: its part of each bucket's rate, read off without per-request work.
+        self.own_total: dict[K, float] = {}
+        self._snapshots: list[tuple[float, dict[K, float]]] = [(now_ms, {})]
         self._aged_ms = now_ms
 
     # --- this replica's usage ----------------------------------------------------------------
@@ -90,10 +95,23 @@ class SharedUsage(Generic[K]):
         # usage): the others must know that this replica's clients want their part.
         quiet = [(k, 0.0, flags(k)) for k in hot if k not in pending]
         if hot_only:
-            return [(k, pending.pop(k), flags(k)) for k in [k for k in pending if k in hot]] + quiet
-        taken = [(k, used, flags(k)) for k, used in pending.items()]
-        self.pending = {}
+            taken = [(k, pending.pop(k), flags(k)) for k in [k for k in pending if k in hot]]
+        else:
+            taken = [(k, used, flags(k)) for k, used in pending.items()]
+            self.pending = {}
+        total, get = self.own_total, self.own_total.get
+        for key, used, _flags in taken:
+            total[key] = get(key, 0.0) + used
+        if not hot_only and now_ms - self._snapshots[-1][0] >= OWN_RATE_SPAN_MS:
+            self._snapshots = [self._snapshots[-1], (now_ms, dict(total))]
         return taken + quiet
+
+    def own_rate(self, key: K, now_ms: float) -> float:
+        """This replica's own usage of ``key`` per second, over the last 5 to 10 seconds."""
+        since, then = self._snapshots[0]
+        if now_ms - since <= 0:
+            return 0.0
+        return (self.own_total.get(key, 0.0) - then.get(key, 0.0)) / ((now_ms - since) / 1000.0)
 
     def settle(self, buckets: dict[K, TokenBucket], now_ms: float) -> None:
         """The exchange stopped working: own usage still unconfirmed goes into the buckets now
@@ -163,16 +181,16 @@ class SharedUsage(Generic[K]):
                     del unconfirmed[key]
             confirmed[key] = confirmed.get(key, 0.0) + amount
 
-    def fold(
-        self,
-        key: K,
-        bucket: TokenBucket | None,
-        rate: SampledRate | None,
-        others: SampledRate | None,
-        now_ms: float,
-    ) -> None:
+    def waiting(self, key: K) -> float:
+        """The usage read for ``key`` that has not gone into its bucket yet."""
+        amount = self.remote.get(key, 0.0) + self.confirmed.get(key, 0.0)
+        if self.remote_old:
+            amount += self.remote_old.get(key, 0.0) + self.confirmed_old.get(key, 0.0)
+        return amount
+
+    def fold(self, key: K, bucket: TokenBucket | None, rate: SampledRate | None, now_ms: float) -> None:
         """Put the usage read for ``key`` into its bucket (all of it), and the others' part
-        into the windowed rates (``rate``: all replicas'; ``others``: theirs alone)."""
+        into the windowed rate of all replicas' usage (``rate``)."""
         remote = self.remote.pop(key, 0.0)
         confirmed = self.confirmed.pop(key, 0.0)
         if self.remote_old:
@@ -183,8 +201,6 @@ class SharedUsage(Generic[K]):
             self.remote_ms[key] = now_ms
             if rate is not None:
                 rate.record(remote, now_ms)
-            if others is not None:
-                others.record(remote, now_ms)
         if bucket is not None and (remote or confirmed):
             bucket.record(remote + confirmed, now_ms)
 
@@ -196,13 +212,14 @@ class SharedUsage(Generic[K]):
         every_ms: float = 5000.0,
     ) -> None:
         """Usage read for keys nobody here has used for a while goes, a generation at a time
-        (a bucket made later starts from the windowed history); for the buckets held
-        here it goes in first, so a bucket whose clients are away for a while misses nothing."""
+        (a bucket made later starts from the windowed history); for the buckets and rates held
+        here it goes in first, so a bucket whose clients are away for a while, or far from its
+        quota (folded only when it nears it), misses nothing."""
         if now_ms - self._aged_ms < every_ms:
             return
         self._aged_ms = now_ms
-        for held in [k for k in (*self.remote_old, *self.confirmed_old) if k in buckets]:
-            self.fold(held, buckets[held], rates.get(held), None, now_ms)
+        for held in [k for k in (*self.remote_old, *self.confirmed_old) if k in buckets or k in rates]:
+            self.fold(held, buckets.get(held), rates.get(held), now_ms)
         self.remote_old, self.remote = self.remote, {}
         self.confirmed_old, self.confirmed = self.confirmed, {}
         if self.wanting:
@@ -218,6 +235,13 @@ class SharedUsage(Generic[K]):
         return now_ms - self.remote_ms.get(key, -math.inf) < within_ms
 
     def forget(self, key: K) -> None:
-        for table in (self.remote_ms, self.unconfirmed, self.wanting, self.blocked, self.capped):
+        for table in (
+            self.remote_ms,
+            self.unconfirmed,
+            self.wanting,
+            self.blocked,
+            self.capped,
+            self.own_total,
+        ):
             table.pop(key, None)
         self.seen.discard(key)

@@ -258,7 +258,7 @@ def _steps(bootstrap: str, client_id: str, *args: str) -> list[tuple[str, int]]:
     steps = []
     for line in proc.stdout.splitlines():
         if line.startswith("STEP "):
-            _step, _topic, _attempt, outcome, throttle = line.split(" ")
+            _step, _topic, _attempt, outcome, throttle, _at = line.split(" ")
             steps.append((outcome, int(throttle)))
     return steps
 

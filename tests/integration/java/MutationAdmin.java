@@ -28,7 +28,8 @@ import org.apache.kafka.common.errors.ThrottlingQuotaExceededException;
  *                                          delete NAME...
  *                                          sequence [await-quota] NAME:PARTITIONS...
  * "sequence" creates the topics one request at a time; a throttled one is retried after the
- * throttle time it was given, printing "STEP name attempt OK|Exception throttleMs" per request.
+ * throttle time it was given, printing "STEP name attempt OK|Exception throttleMs atMs" per
+ * request, atMs the milliseconds from the sequence's first request to this one's sending.
  * "sequence-spread" does the same with a new admin client (new connections) for every request,
  * so that behind a load balancer the requests reach different gateway replicas.
  * With await-quota it first waits until the cluster shows a controller_mutation_rate for
@@ -98,26 +99,35 @@ public class MutationAdmin {
             awaitQuota(admin, clientId);
             first = 4;
         }
+        long started = 0;
         for (int i = first; i < args.length; i++) {
             String[] parts = args[i].split(":");
             NewTopic topic = new NewTopic(parts[0], Integer.parseInt(parts[1]), (short) 1);
             CreateTopicsOptions options = new CreateTopicsOptions().retryOnQuotaViolation(false);
             for (int attempt = 1; ; attempt++) {
                 Admin each = spread == null ? admin : Admin.create(spread);
+                if (spread != null) {
+                    each.describeCluster().nodes().get();  // connected before the clock starts
+                }
+                long sent = System.currentTimeMillis();
+                if (started == 0) {
+                    started = sent;
+                }
+                String at = " " + (sent - started);
                 try {
                     each.createTopics(Collections.singletonList(topic), options).all().get();
-                    System.out.println("STEP " + parts[0] + " " + attempt + " OK 0");
+                    System.out.println("STEP " + parts[0] + " " + attempt + " OK 0" + at);
                     break;
                 } catch (ExecutionException e) {
                     Throwable cause = e.getCause();
                     if (!(cause instanceof ThrottlingQuotaExceededException) || attempt >= 10) {
                         System.out.println("STEP " + parts[0] + " " + attempt + " "
-                            + cause.getClass().getSimpleName() + " 0");
+                            + cause.getClass().getSimpleName() + " 0" + at);
                         break;
                     }
                     int throttle = ((ThrottlingQuotaExceededException) cause).throttleTimeMs();
                     System.out.println("STEP " + parts[0] + " " + attempt + " "
-                        + cause.getClass().getSimpleName() + " " + throttle);
+                        + cause.getClass().getSimpleName() + " " + throttle + at);
                     Thread.sleep(throttle);
                 } finally {
                     if (each != admin) {
