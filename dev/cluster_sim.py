@@ -32,7 +32,6 @@ class SimReplica:
     membership: ClusterMembership
     link: ClusterLink
     seq: int = 0
-    settled_seq: int = 0
     alive: bool = True
     cut_off: bool = False  # its reports reach nobody, and nothing reaches it
 
@@ -160,7 +159,6 @@ class Simulation:
         mode = node.membership.mode(t)
         if mode.local_only and not node.link.local_only:
             node.quotas.settle(t)
-            node.settled_seq = node.seq
         changed = (mode.multiplier, mode.local_only) != (node.link.multiplier, node.link.local_only)
         rejoined = node.link.local_only and not mode.local_only
         node.link.set_mode(mode)
@@ -206,9 +204,7 @@ class Simulation:
                 continue
             factor = node.membership.accept(report, t)
             if report.instance == node.name:
-                if not report.fallback and report.seq > node.settled_seq:
-                    node.quotas.add_confirmed(usage, [])
-                continue
+                continue  # its usage went into its buckets when it made the report
             if factor is not None:
                 node.quotas.add_remote(usage)
                 node.quotas.add_wanting(report.instance, wanting, [], t)

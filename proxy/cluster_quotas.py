@@ -172,8 +172,6 @@ class ClusterQuotaService:
             compression=None,  # reports compress themselves
         )
         self._seq = 0
-        self._settled_seq = 0  # own reports up to this one were settled here (exchange down)
-        self._confirmed_seq = 0  # own reports up to this one came back and went into the buckets
         self._sending: set[asyncio.Task[None]] = set()
         self._probed: dict[str, ProbeOutcome] = {}
         self._waiting: dict[int, asyncio.Future[LogAdmission]] = {}  # our mutation requests
@@ -264,32 +262,12 @@ class ClusterQuotaService:
         now = self.now_ms()
         factor = self.membership.accept(record, now, self.wall_clock() * 1000.0)
         if record.instance == self.instance:
-            if record.incarnation != self.incarnation:
-                return  # the process this one replaced (same instance name)
-            # Once, and not those whose usage went into the buckets when the exchange stopped
-            # (nor those made meanwhile, which say fallback).
-            if not record.fallback and record.seq > max(self._settled_seq, self._confirmed_seq):
-                self._confirmed_seq = record.seq
-                self._confirm(record)
-            return
+            return  # its usage went into the buckets when it was reported (and it came back)
         if factor is None:
             self.metrics.reports.labels("skipped").inc()
             return
         self.metrics.reports.labels("applied").inc()
         self._apply(record, factor, now)
-
-    def _confirm(self, report: UsageReport) -> None:
-        """This replica's own report came back: its usage goes into the buckets as everybody's."""
-        groups = report.grouped()
-        for table, kind, part_kind in (
-            (self.enforcer.produce, PRODUCE, PRODUCE_PARTITION),
-            (self.enforcer.fetch, FETCH, FETCH_PARTITION),
-        ):
-            keys, values, _flags = groups.get(kind, ([], [], []))
-            pkeys, pvalues, _pflags = groups.get(part_kind, ([], [], []))
-            if keys or pkeys:
-                parts = [((topic, int(p)), v) for (topic, p), v in zip(pkeys, pvalues, strict=True)]
-                table.add_confirmed(zip(keys, values, strict=True), parts)
 
     def _apply(self, report: UsageReport, factor: float, now: float) -> None:
         """Add another replica's usage into this one's buckets."""
@@ -388,10 +366,9 @@ class ClusterQuotaService:
         now = self.now_ms()
         mode = self.membership.mode(now)
         if mode.local_only and not self.mode.local_only:
-            # Own usage whose reports may never come back goes into the buckets now.
+            # Own usage not reported yet goes into the buckets now; from now on, at once.
             self.enforcer.produce.settle(now)
             self.enforcer.fetch.settle(now)
-            self._settled_seq = self._seq
         previous, self.mode = self.mode, mode
         self.link.set_mode(mode)
         if (mode.multiplier, mode.local_only) != (previous.multiplier, previous.local_only):

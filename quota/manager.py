@@ -31,6 +31,8 @@ SHARED_RECENT_MS = 2_000.0
 SHARERS_WITHIN_MS = 600.0
 # The fair-share cap of a replica holds this many seconds of its share as a burst.
 FAIR_BURST_SECONDS = 1.0
+# A replica whose clients used nothing of a bucket they want more of for this long is starved.
+STARVED_MS = 2_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,8 +208,9 @@ class ByteRateQuotas:
             shaper = self._bucket(self.shapers, bucket, quota, now_ms, rate, match.quota)
         if shared:
             assert cluster is not None
-            usage.local(bucket, size, confirmable=not cluster.local_only)
-            held = usage.own(bucket)
+            if not cluster.local_only:  # alone, its usage goes into the bucket at once (below)
+                usage.local(bucket, size)
+                held = usage.own(bucket)
         rate.record(size, now_ms)
         measured = rate.measure(now_ms)
         client_ms = 0
@@ -215,7 +218,7 @@ class ByteRateQuotas:
             if shared and not cluster.local_only:  # type: ignore[union-attr]
                 usage = self.shared_buckets
                 part = usage.fair_part(bucket, quota, now_ms, SHARERS_WITHIN_MS)
-                if part is not None and self._starved(self.fair, bucket, now_ms):
+                if part is not None and usage.starved(bucket, now_ms, STARVED_MS):
                     # Its clients get less than their part while the others are held at theirs
                     # (which sum to the quota): what this replica's view of the bucket owes past
                     # its part's burst came of the others' usage before they were held, and is
@@ -249,17 +252,6 @@ class ByteRateQuotas:
         )
 
     # --- one quota across replicas ----------------------------------------------------------------
-
-    @staticmethod
-    def _starved(
-        table: dict[Bucket, TokenBucket] | dict[PartitionKey, TokenBucket],
-        key: Bucket | PartitionKey,
-        now_ms: float,
-    ) -> bool:
-        """This replica's clients used nothing of its fair part for a burst's time (its cap is
-        full), or it was not capped yet: they are starved, not merely held in turn."""
-        fair = table.get(key)  # type: ignore[arg-type]
-        return fair is None or fair.tokens(now_ms) >= fair.burst * 0.99
 
     @staticmethod
     def _fair_ms(
@@ -311,13 +303,6 @@ class ByteRateQuotas:
         """What another replica's clients want more of: (key, its usage, its flags)."""
         self.shared_buckets.add_wanting(instance, buckets, now_ms)
         self.shared_partitions.add_wanting(instance, partitions, now_ms)
-
-    def add_confirmed(
-        self, buckets: Iterable[tuple[Bucket, float]], partitions: Iterable[tuple[PartitionKey, float]]
-    ) -> None:
-        """This replica's own report, read back from the exchange."""
-        self.shared_buckets.add_confirmed(buckets)
-        self.shared_partitions.add_confirmed(partitions)
 
     def settle(self, now_ms: float) -> None:
         """The exchange stopped working: own usage not yet back goes into the buckets now."""
@@ -477,24 +462,22 @@ class ByteRateQuotas:
                 shaper = self._bucket(self.partition_shapers, key, quota, now_ms, prate, configured)
                 prate.record(usage.size, now_ms)
                 if shared and not cluster.local_only:  # type: ignore[union-attr]
-                    parts.local(key, usage.size, confirmable=True)
+                    parts.local(key, usage.size)
                     held = parts.own(key)
                     part = parts.fair_part(key, quota, now_ms, SHARERS_WITHIN_MS)
-                    if part is not None and self._starved(self.partition_fair, key, now_ms):  # as in record()
+                    if part is not None and parts.starved(key, now_ms, STARVED_MS):  # as in record()
                         shaper.forgive(now_ms, held - part * FAIR_BURST_SECONDS)
                     ms = _throttle_ms(shaper.tokens(now_ms) - held, quota)
                     if ms:
                         parts.throttled(key, now_ms, ms, capped=False)
                     ms = max(ms, self._fair_ms(self.partition_fair, parts, key, part, usage.size, now_ms))
                 else:
-                    if shared:
-                        self.shared_partitions.local(key, usage.size, confirmable=False)
                     shaper.record(usage.size, now_ms)
                     ms = shaper.throttle_ms(now_ms)
             else:
                 prate.record(usage.size, now_ms)
-                if shared:
-                    self.shared_partitions.local(key, usage.size, confirmable=False)
+                if shared and not cluster.local_only:  # type: ignore[union-attr]
+                    self.shared_partitions.local(key, usage.size)
                 ms = throttle_time_ms(prate.measure(now_ms), quota, prate.window_ms(now_ms))
             if shared and ms and not steady:
                 self.shared_partitions.throttled(key, now_ms, ms, capped=False)

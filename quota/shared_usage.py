@@ -1,15 +1,16 @@
 """The usage of buckets held once across gateway replicas, as one replica keeps it. Sans-IO.
 
-Every replica's bucket of a shared entity is fed by the same thing: the usage records read from
-the exchange topic, this replica's own reports included once they come back. All replicas read
-the same records, so all hold the same bucket (up to when each read them), and no replica's view
-drifts from the others'. (Fed with its own usage at once and the others' when their reports
-came, each replica's view would differ by whatever the transients left, for good: the replica
-with the higher view would keep the quota and the others' clients starve.)
+Every replica's bucket of a shared entity is fed by the same thing: the usage each replica
+reports, its own when it reports it, the others' when their reports are read from the exchange
+topic. All replicas add the same reports, so all hold the same bucket (up to when each added
+them), and no replica's view drifts from the others'. (Fed with its own usage request by request
+and the others' when their reports came, each replica's view would differ by whatever the
+transients left, for good: the replica with the higher view would keep the quota and the
+others' clients starve.)
 
-On top of the shared bucket each replica counts its own usage that has not come back yet
-(``unconfirmed``): its own clients are throttled for it at once, and the replica whose clients
-use more is held back more, which is what makes the replicas share the quota fairly.
+On top of the shared bucket each replica counts its own usage that it has not reported yet
+(``pending``): its own clients are throttled for it at once, and the replica whose clients use
+more is held back more, which makes the replicas share the quota fairly.
 
 Keys are client buckets (user, client-id) or partitions (topic, partition).
 """
@@ -29,13 +30,12 @@ OWN_RATE_SPAN_MS = 5000.0
 
 
 class SharedUsage(Generic[K]):
-    """Pending, unconfirmed and read usage of the shared buckets of one quota table."""
+    """Pending, reported and read usage of the shared buckets of one quota table."""
 
     def __init__(self, now_ms: float) -> None:
-        self.pending: dict[K, float] = {}  # own usage not yet published
-        self.unconfirmed: dict[K, float] = {}  # own usage not yet read back from the topic
+        self.pending: dict[K, float] = {}  # own usage not yet reported
         self.remote: dict[K, float] = {}  # the others' usage read, not yet in the bucket
-        self.confirmed: dict[K, float] = {}  # own usage read back, not yet in the bucket
+        self.confirmed: dict[K, float] = {}  # own usage reported, not yet in the bucket
         self.remote_old: dict[K, float] = {}
         self.confirmed_old: dict[K, float] = {}
         self.remote_ms: dict[K, float] = {}  # when the others' usage last went in
@@ -50,27 +50,26 @@ class SharedUsage(Generic[K]):
         # This replica's own usage so far (as reported), and two snapshots of it at least
         # OWN_RATE_SPAN_MS apart: its part of each bucket's rate, read off without per-request work.
         self.own_total: dict[K, float] = {}
+        self.last_used: dict[K, float] = {}  # when this replica last reported usage of a key
         self._snapshots: list[tuple[float, dict[K, float]]] = [(now_ms, {})]
         self._aged_ms = now_ms
 
     # --- this replica's usage ----------------------------------------------------------------
 
-    def local(self, key: K, size: float, confirmable: bool) -> None:
-        """A request of this replica's: to report, and (``confirmable``: the exchange works) to
-        hold against the bucket until its report comes back."""
+    def local(self, key: K, size: float) -> None:
+        """A request of this replica's (the exchange works): to report, and held against the
+        bucket until it is reported (then it is in the bucket)."""
         self.pending[key] = self.pending.get(key, 0.0) + size
-        if confirmable:
-            self.unconfirmed[key] = self.unconfirmed.get(key, 0.0) + size
 
     def take_back(self, key: K, size: float) -> None:
-        """A request's usage taken back (a fetch answered empty) before it was reported."""
+        """A request's usage taken back (a fetch answered empty)."""
         if key in self.pending:
             self.pending[key] -= size
-        if key in self.unconfirmed:
-            self.unconfirmed[key] -= size
+        else:
+            self.confirmed[key] = self.confirmed.get(key, 0.0) - size
 
     def own(self, key: K) -> float:
-        return self.unconfirmed.get(key, 0.0)
+        return self.pending.get(key, 0.0)
 
     def throttled(self, key: K, now_ms: float, throttle_ms: float, capped: bool) -> None:
         """This replica throttled a client of ``key`` (by its fair part when ``capped``, else by
@@ -99,12 +98,23 @@ class SharedUsage(Generic[K]):
         else:
             taken = [(k, used, flags(k)) for k, used in pending.items()]
             self.pending = {}
+        # Reported: into the bucket at its next use here, as the others add it when they read it.
         total, get = self.own_total, self.own_total.get
+        confirmed, cget = self.confirmed, self.confirmed.get
+        last_used = self.last_used
         for key, used, _flags in taken:
             total[key] = get(key, 0.0) + used
+            confirmed[key] = cget(key, 0.0) + used
+            last_used[key] = now_ms
         if not hot_only and now_ms - self._snapshots[-1][0] >= OWN_RATE_SPAN_MS:
             self._snapshots = [self._snapshots[-1], (now_ms, dict(total))]
         return taken + quiet
+
+    def starved(self, key: K, now_ms: float, for_ms: float) -> bool:
+        """This replica's clients of ``key`` used none of it for ``for_ms``: they are starved,
+        not merely held in turn (a consumer's fetches, each delivered with the throttle it
+        costs, come about once a second on each connection)."""
+        return key not in self.pending and now_ms - self.last_used.get(key, -math.inf) >= for_ms
 
     def own_rate(self, key: K, now_ms: float) -> float:
         """This replica's own usage of ``key`` per second, over the last 5 to 10 seconds."""
@@ -114,13 +124,13 @@ class SharedUsage(Generic[K]):
         return (self.own_total.get(key, 0.0) - then.get(key, 0.0)) / ((now_ms - since) / 1000.0)
 
     def settle(self, buckets: dict[K, TokenBucket], now_ms: float) -> None:
-        """The exchange stopped working: own usage still unconfirmed goes into the buckets now
-        (its reports may never come back), and from now on own usage goes in at once."""
-        for key, size in self.unconfirmed.items():
+        """The exchange stopped working: own usage not reported yet goes into the buckets now,
+        and from now on own usage goes in at once (``local`` is not called meanwhile)."""
+        for key, size in self.pending.items():
             bucket = buckets.get(key)
             if bucket is not None and size > 0:
                 bucket.record(size, now_ms)
-        self.unconfirmed = {}
+        self.pending = {}
 
     # --- what is read from the topic -------------------------------------------------------------
 
@@ -167,19 +177,6 @@ class SharedUsage(Generic[K]):
         if light:
             part += sum(part - rate for rate in light) / (n - len(light))
         return part
-
-    def add_confirmed(self, usage: Iterable[tuple[K, float]]) -> None:
-        """This replica's own report read back: its usage leaves ``unconfirmed`` for the bucket."""
-        unconfirmed, confirmed = self.unconfirmed, self.confirmed
-        for key, amount in usage:
-            left = unconfirmed.get(key)
-            if left is not None:
-                left -= amount
-                if left > 1e-6:
-                    unconfirmed[key] = left
-                else:
-                    del unconfirmed[key]
-            confirmed[key] = confirmed.get(key, 0.0) + amount
 
     def waiting(self, key: K) -> float:
         """The usage read for ``key`` that has not gone into its bucket yet."""
@@ -237,7 +234,7 @@ class SharedUsage(Generic[K]):
     def forget(self, key: K) -> None:
         for table in (
             self.remote_ms,
-            self.unconfirmed,
+            self.last_used,
             self.wanting,
             self.blocked,
             self.capped,
