@@ -8,7 +8,6 @@ import json
 import socket
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +16,19 @@ import pytest
 from dev.harness import KafkaCluster
 from dev.proxy_process import ProxyProcess, gateway_config
 from dev.workloads import ThrottleWatch, librdkafka_sasl, producer_id_storm
+from tests.integration.conftest import SASL_USERS
 
 pytestmark = pytest.mark.integration
 
-USERS = {"alice": "alice-secret", "bob": "bob-secret"}
+USERS = SASL_USERS
 PID_QUOTA = 5.0  # new producer ids per second per user (the storm goes ~16/s unchecked)
 PID_FILTER_BYTES = 8192
 STORM = 200  # connections opened at once from 127.0.0.2
 
 
 @pytest.fixture(scope="module")
-def sasl_cluster() -> Iterator[KafkaCluster]:
-    with KafkaCluster(brokers=1, sasl_users=USERS) as cluster:
-        yield cluster
+def sasl_cluster(kafka_sasl_broker: KafkaCluster) -> KafkaCluster:
+    return kafka_sasl_broker
 
 
 def _sasl(user: str) -> dict[str, Any]:

@@ -8,7 +8,6 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from protocol import messages
 from protocol.frames import SIZE, RequestHeader, encode_request_header
 from tests.integration.clients import kafka_python_roundtrip
 from tests.integration.clients import messages as make_messages
+from tests.integration.conftest import SASL_USERS
 from tests.integration.test_quotas import OffsetSampler, steady_rate
 
 pytestmark = pytest.mark.integration
@@ -92,7 +92,7 @@ def test_reader_that_never_reads_holds_bounded_memory_and_others_go_on(
         assert proxy.proc.poll() is None
 
 
-USERS = {"alice": "alice-secret"}
+USERS = SASL_USERS
 QUOTA = 256 * KiB
 WINDOWS, WINDOW_SIZE_S = 5, 0.5  # a 2.5 s quota cycle: each rotation (2 s) lands inside the last one's
 CYCLE = WINDOWS * WINDOW_SIZE_S
@@ -100,9 +100,8 @@ STEADY_FROM, RUN_SECONDS = 4.0, 14.0
 
 
 @pytest.fixture(scope="module")
-def sasl_cluster() -> Iterator[KafkaCluster]:
-    with KafkaCluster(brokers=1, sasl_users=USERS) as cluster:
-        yield cluster
+def sasl_cluster(kafka_sasl_broker: KafkaCluster) -> KafkaCluster:
+    return kafka_sasl_broker
 
 
 @pytest.mark.timeout(240)

@@ -3,8 +3,8 @@ alter and describe the quotas the proxy enforces; an alteration made through one
 live producers on every proxy instance; only admins alter; alterations survive a restart; in
 forward mode the broker's own quotas are altered.
 
-One SASL-enabled broker serves the module (its PLAINTEXT listener for ANONYMOUS clients, its
-SASL_PLAINTEXT listener for the principal tests). Every proxy stores its overlay in a topic of
+The session's SASL-enabled broker serves the module (its PLAINTEXT listener for ANONYMOUS clients,
+its SASL_PLAINTEXT listener for the principal tests). Every proxy stores its overlay in a topic of
 its own test, so tests never see each other's alterations.
 """
 
@@ -19,7 +19,6 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +28,13 @@ from dev.harness import KafkaCluster, run_tool
 from dev.proxy_process import ProxyProcess, gateway_config
 from dev.workloads import rate_between, steady_producer
 from proxy.upstream_client import request
+from tests.integration.conftest import SASL_USERS
 
 pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)
 
 JAVA_ADMIN = str(Path(__file__).parent / "java" / "QuotaAdmin.java")
-USERS = {"admin": f"admin-pw-{uuid.uuid4().hex}", "alice": f"alice-pw-{uuid.uuid4().hex}"}
+USERS = SASL_USERS
 WINDOW_NUM, WINDOW_SIZE_S = 5, 0.5  # a 2.5 s quota window: the tests' bound is two of them
 WINDOW_S = WINDOW_NUM * WINDOW_SIZE_S
 # A producer offered more than its quota has a full queue when the test stops it, and delivers it
@@ -44,9 +44,8 @@ KiB = 1024
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[KafkaCluster]:
-    with KafkaCluster(brokers=1, sasl_users=USERS) as running:
-        yield running
+def cluster(kafka_sasl_broker: KafkaCluster) -> KafkaCluster:
+    return kafka_sasl_broker
 
 
 def _topic_name() -> str:

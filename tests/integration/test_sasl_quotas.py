@@ -7,7 +7,6 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,19 +15,19 @@ import pytest
 from dev.harness import KafkaCluster
 from dev.proxy_process import ProxyProcess, gateway_config
 from tests.integration.clients import delivery_errors_into, stop_greedy_producer
+from tests.integration.conftest import SASL_USERS
 from tests.integration.test_quotas import CYCLE, STEADY, WINDOW, OffsetSampler, steady_rate
 
 pytestmark = pytest.mark.integration
 
-USERS = {"alice": "alice-secret", "bob": "bob-secret"}
+USERS = SASL_USERS
 KiB = 1024
 ALICE, BOB, SPECIAL, DEFAULT_CLIENT = 128 * KiB, 384 * KiB, 768 * KiB, 32 * KiB
 
 
 @pytest.fixture(scope="module")
-def sasl_cluster() -> Iterator[KafkaCluster]:
-    with KafkaCluster(brokers=1, sasl_users=USERS) as cluster:
-        yield cluster
+def sasl_cluster(kafka_sasl_broker: KafkaCluster) -> KafkaCluster:
+    return kafka_sasl_broker
 
 
 def _proxy_config(cluster: KafkaCluster) -> dict[str, object]:
