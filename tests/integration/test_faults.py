@@ -20,6 +20,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,36 +198,41 @@ def test_upstream_that_never_answers_times_out_on_the_clients_own_timeout(
     assert proxy.proc is not None
     baseline_fds = open_fds(proxy.proc.pid)
 
-    errors: list[KafkaError | None] = []
-    producer = Producer(
-        {
-            "bootstrap.servers": proxy.bootstrap,
-            "client.id": "hole-librdkafka",
-            "message.timeout.ms": 6000,
-            "socket.timeout.ms": 3000,
-            "api.version.request.timeout.ms": 3000,
-        }
-    )
-    producer.produce("t", b"into the void", on_delivery=lambda err, _msg: errors.append(err))
-    assert producer.flush(60) == 0, "librdkafka never reported the message's fate"
-    assert [e and e.code() for e in errors] == [KafkaError._MSG_TIMED_OUT], f"librdkafka got {errors}"
-    assert hole.of("hole-librdkafka"), "librdkafka's requests never reached the upstream"
-    producer.close()
-    del producer
+    def librdkafka() -> None:
+        errors: list[KafkaError | None] = []
+        producer = Producer(
+            {
+                "bootstrap.servers": proxy.bootstrap,
+                "client.id": "hole-librdkafka",
+                "message.timeout.ms": 6000,
+                "socket.timeout.ms": 3000,
+                "api.version.request.timeout.ms": 3000,
+            }
+        )
+        producer.produce("t", b"into the void", on_delivery=lambda err, _msg: errors.append(err))
+        assert producer.flush(60) == 0, "librdkafka never reported the message's fate"
+        assert [e and e.code() for e in errors] == [KafkaError._MSG_TIMED_OUT], f"librdkafka got {errors}"
+        assert hole.of("hole-librdkafka"), "librdkafka's requests never reached the upstream"
+        producer.close()
 
-    kp = KafkaProducer(
-        bootstrap_servers=proxy.bootstrap,
-        client_id="hole-kafka-python",
-        api_version=(3, 0, 0),  # no probe: the first request is the Metadata the send waits for
-        max_block_ms=4000,
-        request_timeout_ms=3000,
-    )
-    try:
-        with pytest.raises(KafkaTimeoutError):
-            kp.send("t", b"into the void").get(timeout=30)
-    finally:
-        kp.close(timeout=5)
-    assert hole.of("hole-kafka-python"), "kafka-python's requests never reached the upstream"
+    # The two clients side by side: each waits out its own timeouts.
+    with ThreadPoolExecutor(1) as pool:
+        librdkafka_done = pool.submit(librdkafka)
+        kp = KafkaProducer(
+            bootstrap_servers=proxy.bootstrap,
+            client_id="hole-kafka-python",
+            api_version=(3, 0, 0),  # no probe: the first request is the Metadata the send waits for
+            max_block_ms=4000,
+            request_timeout_ms=3000,
+        )
+        try:
+            with pytest.raises(KafkaTimeoutError):
+                kp.send("t", b"into the void").get(timeout=30)
+        finally:
+            # Nothing to flush; its sender waits on the Metadata in flight until forced closed.
+            kp.close(timeout=1)
+        assert hole.of("hole-kafka-python"), "kafka-python's requests never reached the upstream"
+        librdkafka_done.result()
 
     for client_id in ("hole-librdkafka", "hole-kafka-python"):
         wait_until(
