@@ -35,6 +35,7 @@ from dev.waiting import wait_until
 from protocol import messages
 from protocol.api_keys import ApiKey
 from protocol.frames import SIZE, RequestHeader, encode_request_header, encode_response_header
+from tests.integration.conftest import discard_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -292,8 +293,12 @@ def test_upstream_that_stops_reading_is_released_when_the_client_leaves(
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
     """A 3-node cluster of this module's own: its tests kill, pause and restart nodes (each test
     leaves all three running)."""
-    with KafkaCluster(brokers=3, workdir=tmp_path_factory.mktemp("faults-kafka")) as kafka:
+    kafka = KafkaCluster(brokers=3, workdir=tmp_path_factory.mktemp("faults-kafka"))
+    kafka.start()
+    try:
         yield kafka
+    finally:
+        discard_cluster(kafka)
 
 
 def _leaders(bootstrap: str, topic: str) -> tuple[dict[int, int], Any]:
