@@ -379,14 +379,15 @@ def test_client_without_quota_is_unaffected(kafka_broker: KafkaCluster, tmp_path
                 lambda: f"the quota never throttled the Java producer\n{proxy.log_tail()}",
             )
             _free_rate(proxy.bootstrap, topic, 2)  # warm-up
-            # Alternate, pausing the throttled client (SIGSTOP) for the runs alone, so that drift in
-            # the machine (page cache writeback, log segments) weighs on both sides alike.
-            for _ in range(4):
-                throttled.send_signal(signal.SIGSTOP)
-                runs["alone"].append(_free_rate(proxy.bootstrap, topic, 2.5))
-                throttled.send_signal(signal.SIGCONT)
-                time.sleep(1)
-                runs["together"].append(_free_rate(proxy.bootstrap, topic, 2.5))
+            # Alternate alone, beside, beside, alone, ... (the throttled client paused with SIGSTOP
+            # for the runs alone), so that drift in the machine (page cache writeback, log segments:
+            # the free client writes hundreds of MiB a second) weighs on both sides alike; with
+            # alone always first, the free client's steady slowdown was counted against "beside".
+            for i in range(4):
+                for kind in ("alone", "together") if i % 2 == 0 else ("together", "alone"):
+                    throttled.send_signal(signal.SIGSTOP if kind == "alone" else signal.SIGCONT)
+                    time.sleep(0.5)  # stopped, or going again, before every run alike
+                    runs[kind].append(_free_rate(proxy.bootstrap, topic, 2.0))
             assert throttled.poll() is None
         finally:
             throttled.send_signal(signal.SIGCONT)
