@@ -11,6 +11,8 @@ import subprocess
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -124,88 +126,140 @@ def _filled_topic(cluster: KafkaCluster, prefix: str, mib: int = 40) -> str:
     return topic
 
 
-@pytest.mark.timeout(240)
-def test_confluent_consumer_held_to_its_quota(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
+def _confluent_fetch(bootstrap: str, topic: str) -> tuple[list[tuple[float, float]], list[int]]:
+    """librdkafka's consumer ``slow-consumer`` reading ``topic`` for the steady span: (seconds,
+    value bytes so far) after every consume, and the throttles its statistics reported."""
+    import json
+
     from confluent_kafka import Consumer
 
-    topic = _filled_topic(kafka_broker, "q-fetch")
-    quotas = _quotas(clients={"slow-consumer": {"consumer_byte_rate": MiB}})
-    with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
-        throttles: list[int] = []
+    throttles: list[int] = []
 
-        def on_stats(raw: str) -> None:
-            import json
+    def on_stats(raw: str) -> None:
+        for broker in json.loads(raw).get("brokers", {}).values():
+            throttles.append(int(broker.get("throttle", {}).get("max", 0)))
 
-            stats = json.loads(raw)
-            for broker in stats.get("brokers", {}).values():
-                throttles.append(int(broker.get("throttle", {}).get("max", 0)))
-
-        consumer = Consumer(
-            {
-                "bootstrap.servers": proxy.bootstrap,
-                "group.id": f"g-{topic}",
-                "client.id": "slow-consumer",
-                "auto.offset.reset": "earliest",
-                "max.partition.fetch.bytes": 262144,  # a fetch well under the quota's 5.5 s of bytes
-                "statistics.interval.ms": 1000,
-                "stats_cb": on_stats,
-            }
-        )
-        consumer.subscribe([topic])
-        got = 0
-        marks: list[tuple[float, int]] = []
-        start = time.monotonic()
-        while time.monotonic() - start < STEADY[1]:
-            for msg in consumer.consume(num_messages=1000, timeout=0.5):
-                if msg.error() is None:
-                    got += len(msg.value() or b"")
-            marks.append((time.monotonic() - start, got))
-        consumer.close()
-        rate = steady_rate([(t, float(n)) for t, n in marks], *STEADY, cycle=CYCLE)
-        assert abs(rate - MiB) / MiB < 0.15, f"steady fetch rate {rate / MiB:.3f} MiB/s"
-        assert max(throttles, default=0) > 0, "librdkafka never saw a throttle"
-        assert proxy.metric("kthrottle_throttled_requests_total", {"api": "Fetch", "mode": "applied"}) > 0
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"g-{topic}",
+            "client.id": "slow-consumer",
+            "auto.offset.reset": "earliest",
+            "max.partition.fetch.bytes": 262144,  # a fetch well under the quota's 5.5 s of bytes
+            "statistics.interval.ms": 1000,
+            "stats_cb": on_stats,
+        }
+    )
+    consumer.subscribe([topic])
+    got = 0
+    marks: list[tuple[float, float]] = []
+    start = time.monotonic()
+    while time.monotonic() - start < STEADY[1]:
+        for msg in consumer.consume(num_messages=1000, timeout=0.5):
+            if msg.error() is None:
+                got += len(msg.value() or b"")
+        marks.append((time.monotonic() - start, float(got)))
+    consumer.close()
+    return marks, throttles
 
 
-@pytest.mark.timeout(240)
-def test_aiokafka_consumer_held_to_its_quota(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
+def _aiokafka_fetch(bootstrap: str, topic: str) -> list[tuple[float, float]]:
+    """aiokafka's consumer ``slow-aiokafka`` reading ``topic`` for the steady span: (seconds, value
+    bytes so far) after every getmany."""
     import asyncio
 
     from aiokafka import AIOKafkaConsumer
 
-    topic = _filled_topic(kafka_broker, "q-fetch-aio")
+    async def consume() -> list[tuple[float, float]]:
+        consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            client_id="slow-aiokafka",
+            group_id=f"g-{topic}",
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=262144,
+        )
+        await consumer.start()
+        got = 0
+        marks: list[tuple[float, float]] = []
+        start = time.monotonic()
+        try:
+            while time.monotonic() - start < STEADY[1]:
+                batch = await consumer.getmany(timeout_ms=250)
+                got += sum(len(r.value or b"") for records in batch.values() for r in records)
+                marks.append((time.monotonic() - start, float(got)))
+        finally:
+            await consumer.stop()
+        return marks
+
+    return asyncio.run(consume())
+
+
+@dataclass
+class FetchRun:
+    """One consumer's figures: its progress, librdkafka's throttle statistics (empty for
+    aiokafka), and its proxy's count of throttled Fetch requests."""
+
+    marks: list[tuple[float, float]]
+    throttles: list[int]
+    throttled_fetches: float
+
+
+@pytest.fixture(scope="module")
+def fetch_runs(kafka_broker: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, FetchRun]:
+    """The librdkafka and the aiokafka consumer of the fetch-quota tests, each with a topic, a
+    proxy and a 1 MiB/s consumer quota of its own, measured over the same span side by side
+    rather than one after the other; each test judges its own client's figures."""
+    topics = {
+        "confluent": _filled_topic(kafka_broker, "q-fetch"),
+        "aiokafka": _filled_topic(kafka_broker, "q-fetch-aio"),
+    }
+    client_ids = {"confluent": "slow-consumer", "aiokafka": "slow-aiokafka"}
+    with contextlib.ExitStack() as proxies:
+        proxy = {
+            name: proxies.enter_context(
+                ProxyProcess(
+                    gateway_config(kafka_broker, quotas=_quotas(clients={cid: {"consumer_byte_rate": MiB}})),
+                    workdir=tmp_path_factory.mktemp(f"fetch-{name}"),
+                )
+            )
+            for name, cid in client_ids.items()
+        }
+        with ThreadPoolExecutor(2) as pool:
+            confluent = pool.submit(_confluent_fetch, proxy["confluent"].bootstrap, topics["confluent"])
+            aiokafka = pool.submit(_aiokafka_fetch, proxy["aiokafka"].bootstrap, topics["aiokafka"])
+            (confluent_marks, throttles), aiokafka_marks = confluent.result(), aiokafka.result()
+        applied = {"api": "Fetch", "mode": "applied"}
+        return {
+            "confluent": FetchRun(
+                confluent_marks,
+                throttles,
+                proxy["confluent"].metric("kthrottle_throttled_requests_total", applied),
+            ),
+            "aiokafka": FetchRun(
+                aiokafka_marks, [], proxy["aiokafka"].metric("kthrottle_throttled_requests_total", applied)
+            ),
+        }
+
+
+@pytest.mark.timeout(240)
+def test_confluent_consumer_held_to_its_quota(fetch_runs: dict[str, FetchRun]) -> None:
+    run = fetch_runs["confluent"]
+    rate = steady_rate(run.marks, *STEADY, cycle=CYCLE)
+    assert abs(rate - MiB) / MiB < 0.15, f"steady fetch rate {rate / MiB:.3f} MiB/s"
+    assert max(run.throttles, default=0) > 0, "librdkafka never saw a throttle"
+    assert run.throttled_fetches > 0
+
+
+@pytest.mark.timeout(240)
+def test_aiokafka_consumer_held_to_its_quota(fetch_runs: dict[str, FetchRun]) -> None:
     # Steady fetch shaping sizes each fetch to the quota, so half-second windows cost aiokafka
     # nothing (refused whole, as a broker does, those empty answers cost it ~18% of its quota).
     quota = MiB
-    quotas = _quotas(clients={"slow-aiokafka": {"consumer_byte_rate": quota}})
-    with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
-
-        async def consume() -> list[tuple[float, float]]:
-            consumer = AIOKafkaConsumer(
-                topic,
-                bootstrap_servers=proxy.bootstrap,
-                client_id="slow-aiokafka",
-                group_id=f"g-{topic}",
-                auto_offset_reset="earliest",
-                max_partition_fetch_bytes=262144,
-            )
-            await consumer.start()
-            got = 0
-            marks: list[tuple[float, float]] = []
-            start = time.monotonic()
-            try:
-                while time.monotonic() - start < STEADY[1]:
-                    batch = await consumer.getmany(timeout_ms=250)
-                    got += sum(len(r.value or b"") for records in batch.values() for r in records)
-                    marks.append((time.monotonic() - start, float(got)))
-            finally:
-                await consumer.stop()
-            return marks
-
-        marks = asyncio.run(consume())
-        rate = steady_rate(marks, *STEADY, cycle=CYCLE)
-        assert abs(rate - quota) / quota < 0.15, f"steady aiokafka fetch rate {rate / 1024:.0f} KiB/s"
-        assert proxy.metric("kthrottle_throttled_requests_total", {"api": "Fetch", "mode": "applied"}) > 0
+    run = fetch_runs["aiokafka"]
+    rate = steady_rate(run.marks, *STEADY, cycle=CYCLE)
+    assert abs(rate - quota) / quota < 0.15, f"steady aiokafka fetch rate {rate / 1024:.0f} KiB/s"
+    assert run.throttled_fetches > 0
 
 
 @pytest.mark.timeout(120)
