@@ -91,31 +91,128 @@ def _quotas(**entities: object) -> dict[str, object]:
     return {"window": WINDOW, **entities}
 
 
+@dataclass
+class ProduceRun:
+    """One producer's figures: (seconds, records in its topic) read from the broker, its proxy's
+    count of Produce requests (all of them, and the throttled ones), and for Kafka's perf producer
+    its exit code and output."""
+
+    samples: list[tuple[float, int]]
+    produce_requests: float
+    throttled_produces: float
+    returncode: int | None = None
+    out: str = ""
+    err: str = ""
+
+
+def _java_produce(cluster: KafkaCluster, proxy: ProxyProcess, topic: str) -> ProduceRun:
+    """Kafka's perf producer ``throttled-producer`` through ``proxy``, as fast as it is let."""
+    cmd = perf_producer_command(proxy.bootstrap, topic, "throttled-producer", "--print-metrics")
+    sampler = OffsetSampler(cluster, topic)
+    start = time.monotonic()
+    perf = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        sampler.sample_until(start, STEADY[1])
+        out, err = perf.communicate(timeout=120)
+    finally:
+        sampler.close()
+        if perf.poll() is None:
+            perf.kill()
+    return ProduceRun(
+        sampler.samples,
+        proxy.metric("kthrottle_requests_total", {"api": "Produce"}),
+        proxy.metric("kthrottle_throttled_requests_total", {"api": "Produce", "mode": "applied"}),
+        perf.returncode,
+        out,
+        err,
+    )
+
+
+def _pre_kip219_produce(cluster: KafkaCluster, proxy: ProxyProcess, topic: str) -> ProduceRun:
+    """kafka-python ``old-client`` speaking Produce v5 through ``proxy``, as fast as it is let."""
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaTimeoutError
+
+    # api_version (1, 0): Produce v5, before KIP-219's v6, so the client ignores throttle_time_ms
+    # and keeps sending; only the proxy's mute can hold it.
+    producer = KafkaProducer(
+        bootstrap_servers=proxy.bootstrap,
+        client_id="old-client",
+        acks=1,
+        api_version=(1, 0),
+        linger_ms=5,
+        max_block_ms=1000,  # a send into the full buffer gives up soon once the test is over
+    )
+    sampler = OffsetSampler(cluster, topic)
+    stop = threading.Event()
+
+    def produce() -> None:
+        payload = b"o" * 1024
+        while not stop.is_set():
+            with contextlib.suppress(KafkaTimeoutError):  # the buffer stayed full max_block_ms
+                producer.send(topic, payload)
+
+    worker = threading.Thread(target=produce, daemon=True)
+    start = time.monotonic()
+    worker.start()
+    try:
+        sampler.sample_until(start, STEADY[1])
+    finally:
+        stop.set()
+        worker.join(30)
+        # Its 32 MiB buffer cannot drain at the quota: forced closed after 1 s rather than 5 + 5.
+        close_kafka_python_producer(producer, timeout=1)
+        sampler.close()
+    return ProduceRun(
+        sampler.samples,
+        proxy.metric("kthrottle_requests_total", {"api": "Produce"}),
+        proxy.metric("kthrottle_throttled_requests_total", {"api": "Produce", "mode": "applied"}),
+    )
+
+
+PRE_KIP219_QUOTA = 256 * 1024
+
+
+@pytest.fixture(scope="module")
+def produce_runs(
+    kafka_broker: KafkaCluster, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, ProduceRun]:
+    """Kafka's perf producer (1 MiB/s quota) and the pre-KIP-219 kafka-python producer (256 KiB/s),
+    each with a topic and a proxy of its own, measured over the same span side by side rather
+    than one after the other; each test judges its own client's figures."""
+    runs = {
+        "java": ("q-produce", "throttled-producer", MiB),
+        "old": ("q-old", "old-client", PRE_KIP219_QUOTA),
+    }
+    with contextlib.ExitStack() as proxies:
+        started: dict[str, tuple[ProxyProcess, str]] = {}
+        for name, (prefix, client_id, quota) in runs.items():
+            topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
+            kafka_broker.create_topic(topic)
+            cfg = gateway_config(
+                kafka_broker, quotas=_quotas(clients={client_id: {"producer_byte_rate": quota}})
+            )
+            proxy = proxies.enter_context(
+                ProxyProcess(cfg, workdir=tmp_path_factory.mktemp(f"produce-{name}"))
+            )
+            started[name] = (proxy, topic)
+        with ThreadPoolExecutor(2) as pool:
+            java = pool.submit(_java_produce, kafka_broker, *started["java"])
+            old = pool.submit(_pre_kip219_produce, kafka_broker, *started["old"])
+            return {"java": java.result(), "old": old.result()}
+
+
 @pytest.mark.timeout(240)
-def test_java_producer_held_to_its_quota(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
-    topic = f"q-produce-{uuid.uuid4().hex[:6]}"
-    kafka_broker.create_topic(topic)
-    quotas = _quotas(clients={"throttled-producer": {"producer_byte_rate": MiB}})
-    with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
-        record = 1024
-        cmd = perf_producer_command(proxy.bootstrap, topic, "throttled-producer", "--print-metrics")
-        sampler = OffsetSampler(kafka_broker, topic)
-        start = time.monotonic()
-        perf = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            sampler.sample_until(start, STEADY[1])
-            out, err = perf.communicate(timeout=120)
-        finally:
-            sampler.close()
-            if perf.poll() is None:
-                perf.kill()
-        assert perf.returncode == 0, err[-2000:]
-        rate = steady_rate([(t, n * record) for t, n in sampler.samples], *STEADY, cycle=CYCLE)
-        assert abs(rate - MiB) / MiB < 0.15, f"steady produce rate {rate / MiB:.3f} MiB/s"
-        # The Java client saw the throttle in its responses.
-        match = re.search(r"produce-throttle-time-max:\{client-id=throttled-producer\}\s*:\s*([\d.]+)", out)
-        assert match and float(match.group(1)) > 0, out[-3000:]
-        assert proxy.metric("kthrottle_throttled_requests_total", {"api": "Produce", "mode": "applied"}) > 0
+def test_java_producer_held_to_its_quota(produce_runs: dict[str, ProduceRun]) -> None:
+    run = produce_runs["java"]
+    assert run.returncode == 0, run.err[-2000:]
+    record = 1024
+    rate = steady_rate([(t, n * record) for t, n in run.samples], *STEADY, cycle=CYCLE)
+    assert abs(rate - MiB) / MiB < 0.15, f"steady produce rate {rate / MiB:.3f} MiB/s"
+    # The Java client saw the throttle in its responses.
+    match = re.search(r"produce-throttle-time-max:\{client-id=throttled-producer\}\s*:\s*([\d.]+)", run.out)
+    assert match and float(match.group(1)) > 0, run.out[-3000:]
+    assert run.throttled_produces > 0
 
 
 def _filled_topic(cluster: KafkaCluster, prefix: str, mib: int = 40) -> str:
@@ -457,48 +554,9 @@ def test_client_without_quota_is_unaffected(kafka_broker: KafkaCluster, tmp_path
 
 
 @pytest.mark.timeout(240)
-def test_pre_kip219_client_is_held_by_muting(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
-    from kafka import KafkaProducer
-    from kafka.errors import KafkaTimeoutError
-
-    topic = f"q-old-{uuid.uuid4().hex[:6]}"
-    kafka_broker.create_topic(topic)
-    quota = 256 * 1024
-    quotas = _quotas(clients={"old-client": {"producer_byte_rate": quota}})
-    with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
-        # api_version (1, 0): Produce v5, before KIP-219's v6, so the client ignores throttle_time_ms
-        # and keeps sending; only the proxy's mute can hold it.
-        producer = KafkaProducer(
-            bootstrap_servers=proxy.bootstrap,
-            client_id="old-client",
-            acks=1,
-            api_version=(1, 0),
-            linger_ms=5,
-            max_block_ms=1000,  # a send into the full buffer gives up soon once the test is over
-        )
-        sampler = OffsetSampler(kafka_broker, topic)
-        stop = threading.Event()
-
-        def produce() -> None:
-            payload = b"o" * 1024
-            while not stop.is_set():
-                with contextlib.suppress(KafkaTimeoutError):  # the buffer stayed full max_block_ms
-                    producer.send(topic, payload)
-
-        worker = threading.Thread(target=produce, daemon=True)
-        start = time.monotonic()
-        worker.start()
-        try:
-            sampler.sample_until(start, STEADY[1])
-        finally:
-            stop.set()
-            worker.join(30)
-            # Its 32 MiB buffer cannot drain at the quota: forced closed after 1 s rather than 5 + 5.
-            close_kafka_python_producer(producer, timeout=1)
-            sampler.close()
-        rate = steady_rate([(t, n * 1024) for t, n in sampler.samples], *STEADY, cycle=CYCLE)
-        assert abs(rate - quota) / quota < 0.15, (
-            f"old client at {rate / 1024:.0f} KiB/s, quota {quota // 1024}"
-        )
-        produce_v5 = proxy.metric("kthrottle_requests_total", {"api": "Produce"})
-        assert produce_v5 > 0
+def test_pre_kip219_client_is_held_by_muting(produce_runs: dict[str, ProduceRun]) -> None:
+    run, quota = produce_runs["old"], PRE_KIP219_QUOTA
+    rate = steady_rate([(t, n * 1024) for t, n in run.samples], *STEADY, cycle=CYCLE)
+    assert abs(rate - quota) / quota < 0.15, f"old client at {rate / 1024:.0f} KiB/s, quota {quota // 1024}"
+    produce_v5 = run.produce_requests
+    assert produce_v5 > 0
