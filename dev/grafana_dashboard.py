@@ -324,8 +324,7 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "Shared byte rate per entity: all replicas and each one's part (top 5)",
                 [
                     (
-                        f"topk(5, max by (direction, user, client_id) "
-                        f"(kthrottle_client_byte_rate{{{SEL}}}))",
+                        f"topk(5, max by (direction, user, client_id) (kthrottle_client_byte_rate{{{SEL}}}))",
                         "{{direction}} {{user}} {{client_id}} (all replicas)",
                     ),
                     (

@@ -331,9 +331,10 @@ class ClusterQuotaService:
             for (topic, partition), value, flags in parts:
                 if value > 0 or flags:
                     report.add(part_kind, topic, str(partition), value, flags)
-        if not hot_only:
-            for user, pid in self.enforcer.producer_ids.take_claims():
-                report.add(PRODUCER_ID, user, str(pid), 1.0)
+        # New producer ids go out in every report: each replica's storm of new producers is
+        # held by its bucket, which counts the others' ids only once they are read.
+        for user, pid in self.enforcer.producer_ids.take_claims():
+            report.add(PRODUCER_ID, user, str(pid), 1.0)
         return report
 
     async def _publish_once(self, hot_only: bool) -> None:

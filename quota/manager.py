@@ -201,6 +201,7 @@ class ByteRateQuotas:
                 near = left < held_bucket.burst / 2
             if near:
                 usage.fold(bucket, held_bucket, rate, now_ms)
+                usage.near.add(bucket)
         if shaped:
             assert match is not None
             # Made before this request is recorded: a new bucket holds what the recent traffic
@@ -467,7 +468,10 @@ class ByteRateQuotas:
                     part = parts.fair_part(key, quota, now_ms, SHARERS_WITHIN_MS)
                     if part is not None and parts.starved(key, now_ms, STARVED_MS):  # as in record()
                         shaper.forgive(now_ms, held - part * FAIR_BURST_SECONDS)
-                    ms = _throttle_ms(shaper.tokens(now_ms) - held, quota)
+                    left = shaper.tokens(now_ms) - held
+                    if left < shaper.burst / 2:  # reported every hot interval (as in record())
+                        parts.near.add(key)
+                    ms = _throttle_ms(left, quota)
                     if ms:
                         parts.throttled(key, now_ms, ms, capped=False)
                     ms = max(ms, self._fair_ms(self.partition_fair, parts, key, part, usage.size, now_ms))
@@ -554,9 +558,10 @@ class ByteRateQuotas:
         cluster = self.cluster
         if cluster is not None and self.shared(match):
             free -= self.shared_buckets.own(match.bucket)
-            if self.shared_buckets.recently_shared(match.bucket, now_ms, SHARED_RECENT_MS):
-                # Other replicas fetch for this entity too, from the same bucket, with grants
-                # this one cannot see: each takes its part of what is free.
+            if self.shared_buckets.maybe_shared(match.bucket, now_ms, SHARED_RECENT_MS):
+                # Other replicas fetch for this entity too (or may: a consumer's first fetches
+                # reach every replica at once), from the same bucket, with grants this one
+                # cannot see: each takes its part of what is free.
                 free /= max(1, cluster.instances)
         return max(1, min(cap, int(max(free, chunk))))
 

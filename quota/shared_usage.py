@@ -44,6 +44,10 @@ class SharedUsage(Generic[K]):
         # throttle lasts.
         self.blocked: dict[K, float] = {}
         self.capped: dict[K, float] = {}
+        # Keys whose bucket here has less than half its burst left: their usage goes out every
+        # hot interval too, so the others see a burst taken on several replicas at once within
+        # a fraction of a second, not a full report later (cleared by every full report).
+        self.near: set[K] = set()
         # Other replicas whose clients of a key want more: when told, their usage rate, flags.
         self.wanting: dict[K, dict[str, tuple[float, float, int]]] = {}
         self.seen: set[K] = set()  # keys this replica's clients used as shared
@@ -51,6 +55,7 @@ class SharedUsage(Generic[K]):
         # OWN_RATE_SPAN_MS apart: its part of each bucket's rate, read off without per-request work.
         self.own_total: dict[K, float] = {}
         self.last_used: dict[K, float] = {}  # when this replica last reported usage of a key
+        self.first_used: dict[K, float] = {}  # when it first did
         self._snapshots: list[tuple[float, dict[K, float]]] = [(now_ms, {})]
         self._aged_ms = now_ms
 
@@ -84,7 +89,7 @@ class SharedUsage(Generic[K]):
 
     def take_pending(self, hot_only: bool, now_ms: float) -> list[tuple[K, float, int]]:
         """Own usage since the last report, emptied, with each key's flags (``hot_only``: only
-        the flagged keys)."""
+        the flagged keys and those near their quota)."""
         if not hot_only:
             self.blocked = {k: until for k, until in self.blocked.items() if until > now_ms}
             self.capped = {k: until for k, until in self.capped.items() if until > now_ms}
@@ -93,19 +98,26 @@ class SharedUsage(Generic[K]):
         # A key whose clients were throttled so much they sent nothing is told too (with no
         # usage): the others must know that this replica's clients want their part.
         quiet = [(k, 0.0, flags(k)) for k in hot if k not in pending]
-        if hot_only:
-            taken = [(k, pending.pop(k), flags(k)) for k in [k for k in pending if k in hot]]
+        if hot_only:  # a few times a second: the hot keys are looked up, not every pending one
+            hot = hot | self.near
+            taken = [(k, pending.pop(k), flags(k)) for k in [k for k in hot if k in pending]]
         else:
-            taken = [(k, used, flags(k)) for k, used in pending.items()]
+            self.near = set()
+            if hot:
+                taken = [(k, used, flags(k)) for k, used in pending.items()]
+            else:  # nothing flagged: no lookups
+                taken = [(k, used, 0) for k, used in pending.items()]
             self.pending = {}
         # Reported: into the bucket at its next use here, as the others add it when they read it.
         total, get = self.own_total, self.own_total.get
         confirmed, cget = self.confirmed, self.confirmed.get
-        last_used = self.last_used
+        last_used, first_used = self.last_used, self.first_used
         for key, used, _flags in taken:
             total[key] = get(key, 0.0) + used
             confirmed[key] = cget(key, 0.0) + used
             last_used[key] = now_ms
+            if key not in first_used:
+                first_used[key] = now_ms
         if not hot_only and now_ms - self._snapshots[-1][0] >= OWN_RATE_SPAN_MS:
             self._snapshots = [self._snapshots[-1], (now_ms, dict(total))]
         return taken + quiet
@@ -228,13 +240,19 @@ class SharedUsage(Generic[K]):
             for gone in quiet:
                 del self.wanting[gone]
 
-    def recently_shared(self, key: K, now_ms: float, within_ms: float) -> bool:
-        return now_ms - self.remote_ms.get(key, -math.inf) < within_ms
+    def maybe_shared(self, key: K, now_ms: float, within_ms: float) -> bool:
+        """Another replica's clients may use ``key`` too: their usage was read within
+        ``within_ms``, or this replica has not reported its own for that long yet (the others'
+        reports of a client that came to all replicas at once may still be on their way)."""
+        if now_ms - self.remote_ms.get(key, -math.inf) < within_ms:
+            return True
+        return now_ms - self.first_used.get(key, now_ms) < within_ms
 
     def forget(self, key: K) -> None:
         for table in (
             self.remote_ms,
             self.last_used,
+            self.first_used,
             self.wanting,
             self.blocked,
             self.capped,
@@ -242,3 +260,4 @@ class SharedUsage(Generic[K]):
         ):
             table.pop(key, None)
         self.seen.discard(key)
+        self.near.discard(key)

@@ -131,13 +131,25 @@ def test_one_client_spread_over_three_replicas_is_held_to_one_quota(
     alone = threading.Thread(
         target=lambda: result.setdefault("alone", produce(gateway.bootstrap, topic, "alone-p", 2 * QUOTA, 22))
     )
+    spread_thread = threading.Thread(
+        target=lambda: result.setdefault(
+            "spread", produce(gateway.bootstrap, topic, "spread-p", 3 * QUOTA, 22)
+        )
+    )
+    spread_thread.start()
+    # Once the spread client has its connections (one to each port, each port's round robin at
+    # a different replica), the other's go where the round robins are then.
+    time.sleep(2)
     alone.start()
-    spread = produce(gateway.bootstrap, topic, "spread-p", 3 * QUOTA, 22)
-    alone.join(60)
+    time.sleep(max(0.0, start + 20 - time.monotonic()))
+    # Read while the client produces (its rates fade once it stops).
     views = [
         json.loads(r.admin_get("/quotas/entity?client_id=spread-p")[1])["producer_byte_rate"]
         for r in gateway.replicas
     ]
+    spread_thread.join(60)
+    alone.join(60)
+    spread = result["spread"]
     carried = [produced(gateway, i) - before[i] for i in range(3)]
     assert all(part > 0 for part in carried), carried  # every replica carried some of it
     rate = rate_between(spread, start + 8, start + 22)

@@ -9,6 +9,7 @@ import heapq
 
 import pytest
 
+from quota.cluster import ClusterLink, ClusterMode
 from quota.config import QuotaConfig
 from quota.manager import ByteRateQuotas, FetchGrant, PartitionUsage
 
@@ -261,3 +262,23 @@ def test_a_grant_is_given_back_when_answered_or_forgotten() -> None:
     # Nor do they stay when the entity never fetches again.
     q.maybe_expire(62_000.0)
     assert not q.grants
+
+
+def test_a_first_fetch_on_one_of_three_replicas_takes_a_third_of_the_burst() -> None:
+    """A consumer's first fetches reach every replica of a gateway at once; allowed the whole
+    burst each, three replicas gave out three bursts before their reports crossed (a 20-second
+    run then repaid them for 8 s). Until its own usage has been reported for two seconds with no
+    other replica's read, a replica allows its part of what is free."""
+    q = _quotas()
+    link = ClusterLink()
+    link.set_mode(ClusterMode(1.0, False, 3, ""))
+    q.cluster = link
+    assert q.fetch_allowance("u", "c", 0.0) == QUOTA * 10 // 3
+    q.record("u", "c", 1024, [], 10.0)
+    q.take_pending(False, 1000.0)  # reported; nobody else's usage read
+    assert q.fetch_allowance("u", "c", 2000.0) < QUOTA * 10 // 3
+    q.take_pending(False, 3000.0)
+    assert q.fetch_allowance("u", "c", 3000.0) > QUOTA * 9  # alone: the whole bucket again
+    q.add_remote([(("", "c"), 1024.0)])
+    q.record("u", "c", 1024, [], 3100.0)  # folds the other's usage in
+    assert q.fetch_allowance("u", "c", 3200.0) < QUOTA * 10 // 3
