@@ -194,13 +194,19 @@ class ByteRateQuotas:
             # of 10,000 entities would cost more than the rest of the exchange together.
             # (An entity without a quota has its windowed rate, the history a quota set on it
             # would start from, fed the same way.)
+            untold = False
             if held_bucket is None:
                 near = shaped  # a bucket is made below, from the history with the others' usage
             else:
-                left = held_bucket.tokens(now_ms) - usage.own(bucket) - usage.waiting(bucket)
+                own = usage.own(bucket)
+                left = held_bucket.tokens(now_ms) - own - usage.waiting(bucket)
                 near = left < held_bucket.burst / 2
+                # Given out here and not told yet: more than its part of half the burst, when
+                # the others may be giving out the same burst (a client new to all replicas).
+                untold = own > held_bucket.burst / (2 * cluster.instances)
             if near:
                 usage.fold(bucket, held_bucket, rate, now_ms)
+            if near or untold:  # told every hot interval
                 usage.near.add(bucket)
         if shaped:
             assert match is not None
@@ -469,7 +475,8 @@ class ByteRateQuotas:
                     if part is not None and parts.starved(key, now_ms, STARVED_MS):  # as in record()
                         shaper.forgive(now_ms, held - part * FAIR_BURST_SECONDS)
                     left = shaper.tokens(now_ms) - held
-                    if left < shaper.burst / 2:  # reported every hot interval (as in record())
+                    untold = held > shaper.burst / (2 * cluster.instances)  # type: ignore[union-attr]
+                    if left < shaper.burst / 2 or untold:  # told every hot interval (as in record())
                         parts.near.add(key)
                     ms = _throttle_ms(left, quota)
                     if ms:
