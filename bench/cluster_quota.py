@@ -531,36 +531,36 @@ def driver(
 def scale(
     cluster: KafkaCluster, results: dict[str, Any], entities: int = 10_000, seconds: float = 40.0
 ) -> None:
-    def three(exchange: bool) -> list[dict[str, float]]:
-        topic = f"__kthrottle_scale_{uuid.uuid4().hex[:8]}"
+    def start(exchange: bool, topic: str, i: int) -> subprocess.Popen[str]:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        procs = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    __file__,
-                    "--driver",
-                    cluster.bootstrap_servers,
-                    topic,
-                    f"r{i}",
-                    str(entities),
-                    str(seconds),
-                    "1" if exchange else "0",
-                ],
-                stdout=subprocess.PIPE,
-                text=True,
-                env=env,
-            )
-            for i in range(3)
-        ]
-        out = []
-        for proc in procs:
-            stdout, _ = proc.communicate(timeout=seconds + 180)
-            out.append(json.loads(stdout.strip().splitlines()[-1]))
-        return out
+        return subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--driver",
+                cluster.bootstrap_servers,
+                topic,
+                f"r{i}",
+                str(entities),
+                str(seconds),
+                "1" if exchange else "0",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
 
-    without = three(False)
-    with_exchange = three(True)
+    # Three replicas with the exchange and three without, side by side over the same span: what
+    # else the machine does then weighs on both alike.
+    topic = f"__kthrottle_scale_{uuid.uuid4().hex[:8]}"
+    procs = [(True, start(True, topic, i)) for i in range(3)] + [
+        (False, start(False, topic, i)) for i in range(3)
+    ]
+    out: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+    for exchange, proc in procs:
+        stdout, _ = proc.communicate(timeout=seconds + 180)
+        out[exchange].append(json.loads(stdout.strip().splitlines()[-1]))
+    without, with_exchange = out[False], out[True]
     base = sum(r["cpu_s"] / r["elapsed_s"] for r in without) / 3
     cost = sum(r["cpu_s"] / r["elapsed_s"] for r in with_exchange) / 3
     results["exchange_cpu_core_fraction_10k"] = round(max(0.0, cost - base), 4)

@@ -372,13 +372,15 @@ class ClusterQuotaConfig(Strict):
     # Where the other replicas reach this one's admin port to ask whether it is alive when its
     # reports stop; default: $KTHROTTLE_POD_IP (the chart sets it), else the host name's address.
     peer_host: str | None = None
-    # Usage of the buckets under pressure (throttled, or half their burst gone) goes out this
-    # often; every bucket's at least every publish_interval_seconds.
+    # Usage of the buckets under pressure (throttled, half their burst gone, or given out here
+    # faster than the others are told) goes out this often; every bucket's at least every
+    # publish_interval_seconds (far from its quota, a bucket's usage can wait: at 10,000 client
+    # ids the full report is most of the exchange's cost).
     hot_interval_seconds: float = Field(0.25, gt=0, le=10)
-    publish_interval_seconds: float = Field(1.0, gt=0, le=60)
+    publish_interval_seconds: float = Field(2.0, gt=0, le=60)
     # A replica not heard from for this long (this one: its own report not read back) no longer
     # counts as sharing through the exchange: the fallback applies.
-    staleness_seconds: float = Field(3.0, gt=0, le=3600)
+    staleness_seconds: float = Field(5.0, gt=0, le=3600)
     # A silent replica that cannot be reached at all is taken as gone after this long.
     peer_grace_seconds: float = Field(30.0, gt=0, le=3600)
     retention_seconds: float = Field(600.0, ge=60, le=7 * 86400)

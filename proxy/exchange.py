@@ -228,7 +228,7 @@ class CompactedTopic:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             request_timeout_ms=s.request_timeout_ms,
-            fetch_max_wait_ms=100,  # a record is read as soon as it is written, at most 100 ms idle
+            fetch_max_wait_ms=500,  # a record is read as soon as it is written; idle, two polls a second
             max_partition_fetch_bytes=max(1024 * 1024, self.max_record_bytes + 64 * 1024),
             **s.client_kwargs,
         )
