@@ -109,7 +109,7 @@ def test_consumer_fetching_from_three_brokers_at_once_shares_its_allowance(
             proxy.bootstrap,
             topic,
             "wide-consumer",
-            int(STEADY[1]) + 1,
+            int(STEADY[1]) + 4,  # room for a JVM slow to start on a loaded machine (below)
             "fetch.max.bytes=52428800",
             "max.partition.fetch.bytes=10485760",
         )
@@ -119,5 +119,8 @@ def test_consumer_fetching_from_three_brokers_at_once_shares_its_allowance(
     burst = max(n for t, n in marks if t <= first + 1.0)
     assert burst <= 5 * MiB + 3 * 1.1 * MiB, f"{burst / MiB:.1f} MiB at once; the bucket holds 5 MiB"
     assert silence < 6.0, f"the consumer got nothing for {silence:.1f} s"
-    rate = steady_rate(marks, *STEADY, cycle=CYCLE)
+    # The steady span counts from the first bytes, not from the JVM's start: started late (a loaded
+    # machine), the burst fell into a span counted from the start and read 1375 KiB/s.
+    span = (first + STEADY[0] - 2.0, min(first + STEADY[1] - 2.0, marks[-1][0]))
+    rate = steady_rate(marks, *span, cycle=CYCLE)
     assert abs(rate - quota) / quota < 0.10, f"{rate / KiB:.0f} KiB/s from three brokers, quota 1024"
