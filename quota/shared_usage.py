@@ -44,9 +44,11 @@ class SharedUsage(Generic[K]):
         # throttle lasts.
         self.blocked: dict[K, float] = {}
         self.capped: dict[K, float] = {}
-        # Keys whose bucket here has less than half its burst left: their usage goes out every
-        # hot interval too, so the others see a burst taken on several replicas at once within
-        # a fraction of a second, not a full report later (cleared by every full report).
+        # Keys whose bucket here has less than half its burst left, or of which this replica has
+        # given out more than its part of half the burst untold (ByteRateQuotas.record): their
+        # usage goes out every hot interval too, so the others see a burst taken on several
+        # replicas at once within a fraction of a second, not a full report later (cleared by
+        # every full report).
         self.near: set[K] = set()
         # Other replicas whose clients of a key want more: when told, their usage rate, flags.
         self.wanting: dict[K, dict[str, tuple[float, float, int]]] = {}
