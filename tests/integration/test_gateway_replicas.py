@@ -186,7 +186,7 @@ def test_one_consumer_spread_over_three_replicas_is_held_to_one_quota(
     from confluent_kafka import Consumer
 
     topic = topic_over_three_brokers(kafka_cluster3, "gw-fetch")
-    _fill(kafka_cluster3, topic, 72)  # the burst (5 s of the quota) and 20 s more, with room: never runs dry
+    _fill(kafka_cluster3, topic, 100)  # three bursts and 30 s of the quota, with room: never runs dry
     consumer = Consumer(
         {
             "bootstrap.servers": gateway.bootstrap,
@@ -197,18 +197,18 @@ def test_one_consumer_spread_over_three_replicas_is_held_to_one_quota(
     )
     consumer.subscribe([topic])
     got, marks, start = 0, [], time.monotonic()
-    while time.monotonic() - start < 20:
+    while time.monotonic() - start < 30:
         for msg in consumer.consume(num_messages=1000, timeout=0.2):
             if msg.error() is None:
                 got += len(msg.value() or b"")
         marks.append((time.monotonic() - start, got))
     consumer.close()
-    # The last 10 s: the first fetches reach the three replicas at once, and before their
-    # reports cross they can give out up to about two bursts (README, "One quota across gateway
-    # replicas"), paid back by throttling until about 10 s in on a loaded machine.
+    # The last 10 s of 30: the first fetches reach the three replicas at once, and before their
+    # reports cross they can give out up to about three bursts (README, "One quota across gateway
+    # replicas"), paid back by throttling until 10-13 s in on a loaded machine (CI: 29 MiB at once).
     # The slope of a least-squares line through what had arrived (answers come in lumps of up to
     # three at once: two points would read where the lumps fall).
-    steady = [(t, n) for t, n in marks if t >= 10]
+    steady = [(t, n) for t, n in marks if t >= 20]
     rate = statistics.linear_regression([t for t, _ in steady], [n for _, n in steady]).slope
     per_second = [round((b[1] - a[1]) / MiB, 2) for a, b in zip(marks[::5], marks[5::5], strict=False)]
     # Answers of about 1 MiB (a partition's max) on three connections, in lumps after a long
