@@ -55,7 +55,8 @@ class Simulation:
     request_bytes: int = 64 * 1024
     lag_ms: float = 50.0
     hot_ms: float = 250.0
-    full_ms: float = 1000.0
+    full_ms: float = 1000.0  # a report at least this often (the heartbeat)
+    sweep_ms: float = 10_000.0  # every bucket's usage at least this often
     staleness_ms: float = 3000.0
     window: dict[str, float] = field(default_factory=lambda: {"num": 5, "size_seconds": 1})
     seed: int = 7
@@ -155,7 +156,9 @@ class Simulation:
         if not node.alive:
             return
         self._push(t + self.hot_ms, "publish", i)
-        full = int(t // self.hot_ms) % max(1, round(self.full_ms / self.hot_ms)) == 0
+        tick = int(t // self.hot_ms)
+        sweep = tick % max(1, round(self.sweep_ms / self.hot_ms)) == 0
+        beat = sweep or tick % max(1, round(self.full_ms / self.hot_ms)) == 0
         mode = node.membership.mode(t)
         if mode.local_only and not node.link.local_only:
             node.quotas.settle(t)
@@ -166,12 +169,12 @@ class Simulation:
             node.quotas.mode_changed(rejoined, t)
         node.seq += 1
         report = UsageReport(node.name, node.seq, t, f"sim:{i}", mode.local_only, incarnation=node.name)
-        buckets, parts = node.quotas.take_pending(not full, t)
+        buckets, parts = node.quotas.take_pending(not sweep, t)
         for (user, client), value, flags in buckets:
             report.add(PRODUCE, user, client, value, flags)
         for (topic, partition), value, flags in parts:
             report.add(PRODUCE_PARTITION, topic, str(partition), value, flags)
-        if not full and not len(report):
+        if not beat and not len(report):
             node.seq -= 1
             return
         node.membership.published(node.seq, t)
@@ -206,7 +209,7 @@ class Simulation:
             if report.instance == node.name:
                 continue  # its usage went into its buckets when it made the report
             if factor is not None:
-                node.quotas.add_remote(usage)
+                node.quotas.add_remote(usage, t)
                 node.quotas.add_wanting(report.instance, wanting, [], t)
 
     # --- what came out ---------------------------------------------------------------------------

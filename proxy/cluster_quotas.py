@@ -2,8 +2,10 @@
 
 The policy is quota/cluster.py (who shares, and the fallback) and quota/cluster_report.py (the
 records). Every ``hot_interval_seconds`` this replica reports its usage of the buckets under
-pressure (throttled, or half their burst gone), and every ``publish_interval_seconds`` all the
-rest, to a topic on the Kafka cluster the gateway fronts; it reads every replica's reports, its
+pressure (throttled, half their burst gone, or given out here faster than the others are told),
+at least every ``publish_interval_seconds`` (a heartbeat, empty if need be), and every
+``full_interval_seconds`` all the rest, to a topic on the Kafka cluster the gateway fronts; it
+reads every replica's reports, its
 own included (reading its own back is how it knows the exchange works), and adds the others'
 usage into its buckets. A replica whose reports stop is asked over HTTP whether it is alive
 (``/cluster/peer`` on its admin port). Mutation requests under a cluster-wide
@@ -281,13 +283,13 @@ class ClusterQuotaService:
             table = self.enforcer.produce if kind in (PRODUCE, PRODUCE_PARTITION) else self.enforcer.fetch
             wanting = any(flags)
             if kind in (PRODUCE, FETCH):
-                table.add_remote(zip(keys, values, strict=True))
+                table.add_remote(zip(keys, values, strict=True), now)
                 if wanting:
                     flagged = [(k, v, f) for k, v, f in zip(keys, values, flags, strict=True) if f]
                     table.add_wanting(report.instance, flagged, (), now)
             else:
                 parts = [(topic, int(p)) for topic, p in keys]
-                table.add_remote_partitions(zip(parts, values, strict=True))
+                table.add_remote_partitions(zip(parts, values, strict=True), now)
                 if wanting:
                     flagged_parts = [(k, v, f) for k, v, f in zip(parts, values, flags, strict=True) if f]
                     table.add_wanting(report.instance, (), flagged_parts, now)
@@ -295,15 +297,17 @@ class ClusterQuotaService:
     # --- publishing ----------------------------------------------------------------------------
 
     async def _publish_loop(self) -> None:
-        ccfg = self.cfg.cluster_quotas
-        ticks_per_full = max(1, round(ccfg.publish_interval_seconds / ccfg.hot_interval_seconds))
         tick = 0
         while True:
-            await asyncio.sleep(self.cfg.cluster_quotas.hot_interval_seconds)
+            ccfg = self.cfg.cluster_quotas
+            await asyncio.sleep(ccfg.hot_interval_seconds)
             tick += 1
+            ticks_per_beat = max(1, round(ccfg.publish_interval_seconds / ccfg.hot_interval_seconds))
+            ticks_per_full = max(1, round(ccfg.full_interval_seconds / ccfg.hot_interval_seconds))
             try:
                 self._refresh_mode()
-                await self._publish_once(hot_only=tick % ticks_per_full != 0)
+                full = tick % ticks_per_full == 0
+                await self._publish_once(hot_only=not full, beat=full or tick % ticks_per_beat == 0)
                 self._probe_silent()
             except Exception:  # the loop must live on, or this replica falls back for good
                 log.exception("cluster quotas: publishing failed")
@@ -337,9 +341,12 @@ class ClusterQuotaService:
             report.add(PRODUCER_ID, user, str(pid), 1.0)
         return report
 
-    async def _publish_once(self, hot_only: bool) -> None:
+    async def _publish_once(self, hot_only: bool, beat: bool = True) -> None:
+        """Publish a report: of the buckets under pressure (``hot_only``) or of all usage not
+        told yet; one with nothing to say only as a heartbeat (``beat``), which tells the
+        others this replica lives and shows it that the exchange works."""
         report = self.build_report(hot_only)
-        if hot_only and not len(report):
+        if not beat and not len(report):
             self._seq -= 1  # nothing to say: the next report takes this number
             return
         data = report.encode()

@@ -373,11 +373,13 @@ class ClusterQuotaConfig(Strict):
     # reports stop; default: $KTHROTTLE_POD_IP (the chart sets it), else the host name's address.
     peer_host: str | None = None
     # Usage of the buckets under pressure (throttled, half their burst gone, or given out here
-    # faster than the others are told) goes out this often; every bucket's at least every
-    # publish_interval_seconds (far from its quota, a bucket's usage can wait: at 10,000 client
-    # ids the full report is most of the exchange's cost).
+    # faster than the others are told) goes out this often; a report (empty if need be) at least
+    # every publish_interval_seconds, the heartbeat the staleness is judged on; every bucket's
+    # usage at least every full_interval_seconds (far from its quota, a bucket's usage can wait:
+    # at 10,000 client ids the full report is most of the exchange's cost).
     hot_interval_seconds: float = Field(0.25, gt=0, le=10)
     publish_interval_seconds: float = Field(2.0, gt=0, le=60)
+    full_interval_seconds: float = Field(10.0, gt=0, le=600)
     # A replica not heard from for this long (this one: its own report not read back) no longer
     # counts as sharing through the exchange: the fallback applies.
     staleness_seconds: float = Field(5.0, gt=0, le=3600)
@@ -389,6 +391,8 @@ class ClusterQuotaConfig(Strict):
     def _intervals(self) -> ClusterQuotaConfig:
         if self.hot_interval_seconds > self.publish_interval_seconds:
             raise ValueError("hot_interval_seconds must not be more than publish_interval_seconds")
+        if self.full_interval_seconds < self.publish_interval_seconds:
+            raise ValueError("full_interval_seconds must be at least publish_interval_seconds")
         if self.staleness_seconds <= 2 * self.publish_interval_seconds:
             raise ValueError("staleness_seconds must be more than twice publish_interval_seconds")
         if self.peer_grace_seconds < self.staleness_seconds:

@@ -189,25 +189,23 @@ class ByteRateQuotas:
             usage = self.shared_buckets
             usage.seen.add(bucket)
             held_bucket = self.shapers.get(bucket)
-            # The others' usage goes in when the bucket nears its quota (else every few seconds,
-            # SharedUsage.age): far from it, no throttle can follow, and folding every request
-            # of 10,000 entities would cost more than the rest of the exchange together.
-            # (An entity without a quota has its windowed rate, the history a quota set on it
-            # would start from, fed the same way.)
-            untold = False
+            # Near its quota (less than half the burst left), or given out here and not told
+            # yet beyond this replica's part of half the burst (the others may be giving out
+            # the same burst: a client new to all replicas), the bucket's usage is told every
+            # hot interval; the rest waits for the next full report.
             if held_bucket is None:
-                near = shaped  # a bucket is made below, from the history with the others' usage
+                if shaped:  # a bucket is made below, from the history with the others' usage
+                    usage.fold(bucket, None, rate, now_ms)
+                    usage.near.add(bucket)
+                elif match is not None:  # Kafka's windowed rate: its part of half the window
+                    limit = match.quota * self.window.max_value_factor_ms / 1000.0
+                    if usage.own(bucket) > limit / (2 * cluster.instances):
+                        usage.near.add(bucket)
             else:
                 own = usage.own(bucket)
-                left = held_bucket.tokens(now_ms) - own - usage.waiting(bucket)
-                near = left < held_bucket.burst / 2
-                # Given out here and not told yet: more than its part of half the burst, when
-                # the others may be giving out the same burst (a client new to all replicas).
-                untold = own > held_bucket.burst / (2 * cluster.instances)
-            if near:
-                usage.fold(bucket, held_bucket, rate, now_ms)
-            if near or untold:  # told every hot interval
-                usage.near.add(bucket)
+                left = held_bucket.tokens(now_ms) - own
+                if left < held_bucket.burst / 2 or own > held_bucket.burst / (2 * cluster.instances):
+                    usage.near.add(bucket)
         if shaped:
             assert match is not None
             # Made before this request is recorded: a new bucket holds what the recent traffic
@@ -293,12 +291,12 @@ class ByteRateQuotas:
             usage.throttled(key, now_ms, throttle_ms, capped=True)  # type: ignore[arg-type]
         return throttle_ms
 
-    def add_remote(self, usage: Iterable[tuple[Bucket, float]]) -> None:
+    def add_remote(self, usage: Iterable[tuple[Bucket, float]], now_ms: float) -> None:
         """Another replica's report: its usage of client buckets (10,000 entries: milliseconds)."""
-        self.shared_buckets.add_remote(usage)
+        self.shared_buckets.add_remote(usage, self.shapers, self.clients, now_ms)
 
-    def add_remote_partitions(self, usage: Iterable[tuple[PartitionKey, float]]) -> None:
-        self.shared_partitions.add_remote(usage)
+    def add_remote_partitions(self, usage: Iterable[tuple[PartitionKey, float]], now_ms: float) -> None:
+        self.shared_partitions.add_remote(usage, self.partition_shapers, self.partitions, now_ms)
 
     def add_wanting(
         self,
@@ -341,8 +339,8 @@ class ByteRateQuotas:
         each with its flags (BLOCKED, CAPPED: its clients were throttled lately, and by what);
         with ``hot_only``, only the flagged (the rest wait for the next full report)."""
         return (
-            self.shared_buckets.take_pending(hot_only, now_ms),
-            self.shared_partitions.take_pending(hot_only, now_ms),
+            self.shared_buckets.take_pending(hot_only, now_ms, self.shapers),
+            self.shared_partitions.take_pending(hot_only, now_ms, self.partition_shapers),
         )
 
     def fairness(self, bucket: Bucket, now_ms: float) -> dict[str, object]:
@@ -513,24 +511,23 @@ class ByteRateQuotas:
             rate.unrecord(size, now_ms)
         cluster = self.cluster
         confirming = cluster is not None and not cluster.local_only and self.shared(decision.match)
-        if cluster is not None:
-            self.shared_buckets.take_back(decision.bucket, size)
-        shaper = self.shapers.get(decision.bucket) if decision.shaped and not confirming else None
-        if shaper is not None:
+        shaper = self.shapers.get(decision.bucket) if decision.shaped else None
+        if confirming:  # its usage is pending, or went into the bucket when reported
+            self.shared_buckets.take_back(decision.bucket, size, shaper, now_ms)
+        elif shaper is not None:
             shaper.record(-size, now_ms)
         for usage in partitions:
             key = (usage.topic, usage.partition)
             prate = self.partitions.get(key)
             if prate is not None:
                 prate.unrecord(usage.size, now_ms)
-            shared_part = cluster is not None and self._partition_is_shared(usage.topic)
-            if shared_part:
-                self.shared_partitions.take_back(key, usage.size)
-            confirmed_part = shared_part and cluster is not None and not cluster.local_only
-            pshaper = (
-                self.partition_shapers.get(key) if decision.partitions_shaped and not confirmed_part else None
+            shared_part = (
+                cluster is not None and not cluster.local_only and self._partition_is_shared(usage.topic)
             )
-            if pshaper is not None:
+            pshaper = self.partition_shapers.get(key) if decision.partitions_shaped else None
+            if shared_part:
+                self.shared_partitions.take_back(key, usage.size, pshaper, now_ms)
+            elif pshaper is not None:
                 pshaper.record(-usage.size, now_ms)
 
     def max_bytes_in_window(self, user: str, client_id: str) -> int | None:

@@ -30,58 +30,56 @@ class QuotaWindow:
         return (self.num - 1) * self.size_ms
 
 
-class _Sample:
-    __slots__ = ("start_ms", "value")
-
-    def __init__(self, start_ms: float) -> None:
-        self.start_ms = start_ms
-        self.value = 0.0
-
-
 class SampledRate:
-    """A byte rate measured the way Kafka measures it (values per second)."""
+    """A byte rate measured the way Kafka measures it (values per second).
 
-    __slots__ = ("_current", "_samples", "last_record_ms", "throttled_ms", "window")
+    Each sample is a start time and a value, held in two lists of floats rather than an object
+    each: at 10,000 entities of 11 samples, objects the garbage collector walks on every full
+    collection cost more than the rate's arithmetic."""
+
+    __slots__ = ("_current", "_starts", "_values", "last_record_ms", "throttled_ms", "window")
 
     def __init__(self, window: QuotaWindow, now_ms: float) -> None:
         self.window = window
-        self._samples: list[_Sample] = [_Sample(now_ms)]
+        self._starts: list[float] = [now_ms]
+        self._values: list[float] = [0.0]
         self._current = 0
         self.last_record_ms = now_ms
         self.throttled_ms = 0.0  # throttle decided against this rate so far (for metrics)
 
     def record(self, value: float, now_ms: float) -> None:
-        sample = self._samples[self._current]
-        if now_ms - sample.start_ms >= self.window.size_ms:
-            sample = self._advance(now_ms)
-        sample.value += value
+        current = self._current
+        if now_ms - self._starts[current] >= self.window.size_ms:
+            current = self._advance(now_ms)
+        self._values[current] += value
         self.last_record_ms = now_ms
 
     def unrecord(self, value: float, now_ms: float) -> None:
         """Take back a value just recorded (Kafka does this for a fetch it answers empty)."""
         self.record(-value, now_ms)
 
-    def _advance(self, now_ms: float) -> _Sample:
-        self._current = (self._current + 1) % self.window.num
-        if self._current >= len(self._samples):
-            sample = _Sample(now_ms)
-            self._samples.append(sample)
-            return sample
-        sample = self._samples[self._current]
-        sample.start_ms, sample.value = now_ms, 0.0
-        return sample
+    def _advance(self, now_ms: float) -> int:
+        current = self._current = (self._current + 1) % self.window.num
+        if current >= len(self._starts):
+            self._starts.append(now_ms)
+            self._values.append(0.0)
+        else:
+            self._starts[current], self._values[current] = now_ms, 0.0
+        return current
 
     def _purge(self, now_ms: float) -> None:
         expire_ms = self.window.num * self.window.size_ms
-        for sample in self._samples:
-            if now_ms - sample.start_ms >= expire_ms:
-                sample.start_ms, sample.value = now_ms, 0.0
+        starts = self._starts
+        if now_ms - min(starts) < expire_ms:
+            return
+        for i, start in enumerate(starts):
+            if now_ms - start >= expire_ms:
+                starts[i], self._values[i] = now_ms, 0.0
 
     def window_ms(self, now_ms: float) -> float:
         """The time the rate is measured over, as Kafka's Rate.windowSize computes it."""
         self._purge(now_ms)
-        oldest = min(s.start_ms for s in self._samples)
-        elapsed = now_ms - oldest
+        elapsed = now_ms - min(self._starts)
         full_windows = int(elapsed // self.window.size_ms)
         min_full = self.window.num - 1
         if full_windows < min_full:
@@ -90,17 +88,17 @@ class SampledRate:
 
     def total(self, now_ms: float) -> float:
         self._purge(now_ms)
-        return sum(s.value for s in self._samples)
+        return sum(self._values)
 
     def measure(self, now_ms: float) -> float:
         """Rate in values per second."""
         window = self.window_ms(now_ms)
-        return self.total(now_ms) / (window / 1000.0)
+        return sum(self._values) / (window / 1000.0)
 
     def samples(self, now_ms: float) -> list[tuple[float, float]]:
         """(start ms, value) of each live sample, oldest first: for the admin API."""
         self._purge(now_ms)
-        return sorted((s.start_ms, s.value) for s in self._samples)
+        return sorted(zip(self._starts, self._values, strict=True))
 
 
 def java_round(value: float) -> int:
