@@ -294,3 +294,26 @@ def test_a_damaged_report_body_is_refused() -> None:
     data[-3] ^= 0xFF
     with pytest.raises(ReportError, match="body"):
         decode_record(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("section", "expected"),
+    [
+        (
+            "{enabled: true, publish_interval_seconds: 2, full_interval_seconds: 1}",
+            "full_interval_seconds must",
+        ),
+        ("{enabled: true, hot_interval_seconds: 3}", "hot_interval_seconds must"),
+        ("{enabled: true, staleness_seconds: 4}", "staleness_seconds must"),
+    ],
+)
+def test_exchange_intervals_that_cannot_work_are_refused_with_the_line(section: str, expected: str) -> None:
+    from proxy.config import ConfigError, parse_config
+
+    text = (
+        "mode: gateway\ngateway:\n  upstream_bootstrap: [127.0.0.1:9092]\ncluster_quotas: " + section + "\n"
+    )
+    with pytest.raises(ConfigError, match=rf"k\.yaml:4: cluster_quotas: .*{expected}"):
+        parse_config(text, "k.yaml")
+    defaults = parse_config(text.replace(section, "{enabled: true}"), "k.yaml").cluster_quotas
+    assert (defaults.publish_interval_seconds, defaults.full_interval_seconds) == (2.0, 10.0)
