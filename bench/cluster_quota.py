@@ -465,10 +465,10 @@ def driver(
 ) -> None:
     """One replica's quota code with ``entities`` client ids each charged once a second, with or
     without the exchange (``--driver``): prints its CPU seconds and the report bytes it sent."""
-    from proxy.cluster_quotas import ClusterQuotaService
     from proxy.config import ProxyConfig
     from proxy.metrics import ProxyMetrics
-    from proxy.throttling import QuotaEnforcer
+    from proxy.shared.cluster_quotas import ClusterQuotaService
+    from proxy.shared.throttling import QuotaEnforcer
     from quota.cluster import ClusterLink
 
     cfg = ProxyConfig.model_validate(

@@ -35,10 +35,10 @@ from protocol import messages
 from protocol.frames import FrameDecoder
 from protocol.mutations import TopicRef
 from proxy.config import ProxyConfig, parse_config
-from proxy.pipeline import Pipeline
+from proxy.net.transports import ClientProtocol
+from proxy.pipeline.connection import Pipeline
+from proxy.pipeline.stages import proxy_stages
 from proxy.server import ProxyServer
-from proxy.stages import proxy_stages
-from proxy.transports import ClientProtocol
 
 MAX_FRAME_BYTES = 256 * 1024
 SCRATCH_BYTES = 32 * 1024  # FrameDecoder's default scratch buffer
@@ -298,7 +298,7 @@ class PipelineFuzzer:
 
 
 def _listener(server: ProxyServer) -> Any:
-    from proxy.host import Listener
+    from proxy.pipeline.host import Listener
 
     listener = Listener("fuzz", "127.0.0.1", 19092, None)
     server.listeners["fuzz"] = listener

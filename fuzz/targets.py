@@ -24,8 +24,8 @@ from protocol.records import iter_batches
 from protocol.sasl import PLAIN, SaslTracker
 from protocol.schema import SchemaError
 from protocol.versions import DECODED_APIS, NODE_ENDPOINTS_FROM, codec_versions
-from proxy import admission
-from proxy.throttling import (
+from proxy.shared import admission
+from proxy.shared.throttling import (
     FetchRequestInfo,
     cap_fetch_max_bytes,
     fetch_request_info,

@@ -232,7 +232,7 @@ ZERO_TOPIC_ID = bytes(16)
 
 def _topic_key(topic: dict[str, Any]) -> str | bytes:
     """A topic's name (``name`` in Produce, ``topic`` in Fetch v4-12), else its 16-byte id (Produce
-    v13+ and Fetch v13+ address topics by id only; ``proxy/topic_names.py`` maps it to the name)."""
+    v13+ and Fetch v13+ address topics by id only; ``proxy/shared/topic_names.py`` maps it to the name)."""
     name = topic.get("name")
     if name is None:
         name = topic.get("topic")

@@ -43,7 +43,7 @@ def _raise_open_files_limit() -> int:
 
 async def serve(cfg: ProxyConfig, ready_file: Path | None = None, config_path: Path | None = None) -> None:
     """Run until SIGTERM/SIGINT, then drain and return."""
-    from proxy.admin import start_admin
+    from proxy.admin.http import start_admin
     from proxy.reload import watch
     from proxy.server import ProxyServer
 
@@ -106,8 +106,8 @@ def capture_export(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from proxy.capture_export import ExportError, export
-    from proxy.capture_kafka import security
+    from proxy.capture.export import ExportError, export
+    from proxy.capture.kafka_sink import security
 
     logging.basicConfig(
         level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="count and skip messages of another schema version or not capture records (default: fail)",
     )
-    from proxy import quota_cli
+    from proxy.admin import quota_cli
 
     quota_cli.add_parser(sub)
     args, rest = parser.parse_known_args(argv)
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         open_files,
         open_files // 2,
     )
-    from proxy.tls import TlsConfigError
+    from proxy.net.tls import TlsConfigError
 
     try:
         asyncio.run(serve(cfg, args.ready_file, args.config))

@@ -7,26 +7,26 @@ import contextlib
 import logging
 import ssl
 
-from proxy.brokers import BrokerDirectory
-from proxy.capture import CaptureWriter, instance_name
-from proxy.cluster_quotas import ClusterQuotaService
+from proxy.admin.quota_metrics import QuotaCollector
+from proxy.capture.writer import CaptureWriter, instance_name
 from proxy.config import ProxyConfig
-from proxy.host import Listener
 from proxy.metrics import ProxyMetrics
-from proxy.pipeline import Pipeline
-from proxy.proxy_protocol import HeaderProtocol, Origin, ProxyProtocolGate
-from proxy.quota_api import QuotaApiService
-from proxy.quota_metrics import QuotaCollector
+from proxy.net.brokers import BrokerDirectory
+from proxy.net.proxy_protocol import HeaderProtocol, Origin, ProxyProtocolGate
+from proxy.net.tls import ListenerTlsContext, upstream_context
+from proxy.net.transports import ClientProtocol
+from proxy.net.upstream_client import PlainCredentials, UpstreamLogin, fetch_brokers
+from proxy.pipeline.connection import Pipeline
+from proxy.pipeline.host import Listener
+from proxy.pipeline.stages import proxy_stages
 from proxy.ratelog import RateLimitedLog
-from proxy.stages import proxy_stages
-from proxy.throttling import QuotaEnforcer
-from proxy.tls import ListenerTlsContext, upstream_context
-from proxy.topic_catalog import TopicCatalog
-from proxy.topic_lookup import TopicIdLookup
-from proxy.topic_names import TopicNames
-from proxy.transports import ClientProtocol
-from proxy.upstream_client import PlainCredentials, UpstreamLogin, fetch_brokers
-from proxy.volume_service import VolumeService
+from proxy.shared.cluster_quotas import ClusterQuotaService
+from proxy.shared.quota_api import QuotaApiService
+from proxy.shared.throttling import QuotaEnforcer
+from proxy.shared.topic_catalog import TopicCatalog
+from proxy.shared.topic_lookup import TopicIdLookup
+from proxy.shared.topic_names import TopicNames
+from proxy.shared.volume_service import VolumeService
 from quota.entities import any_cluster_scope
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class ProxyServer:
 
     def _capture_writer(self, cfg: ProxyConfig) -> CaptureWriter:
         if cfg.capture.sink == "kafka":
-            from proxy.capture_kafka import kafka_sink
+            from proxy.capture.kafka_sink import kafka_sink
 
             sink = kafka_sink(cfg, self.metrics, instance_name(cfg.capture))
             return CaptureWriter(cfg.capture, self.metrics, sink=sink)

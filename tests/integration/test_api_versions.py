@@ -12,7 +12,7 @@ from dev.harness import KafkaCluster
 from dev.proxy_process import ProxyProcess, gateway_config
 from protocol.api_keys import ApiKey, api_name
 from protocol.versions import ADDRESS_LEAKING_CAP, ADVERTISED_BELOW_ACCEPTED, DECODED_APIS, codec_versions
-from proxy.upstream_client import request
+from proxy.net.upstream_client import request
 
 pytestmark = pytest.mark.integration
 

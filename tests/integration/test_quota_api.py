@@ -27,7 +27,7 @@ import pytest
 from dev.harness import KafkaCluster, run_tool
 from dev.proxy_process import ProxyProcess, gateway_config
 from dev.workloads import rate_between, steady_producer
-from proxy.upstream_client import request
+from proxy.net.upstream_client import request
 from tests.integration.conftest import SASL_USERS
 
 pytestmark = pytest.mark.integration

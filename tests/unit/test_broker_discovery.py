@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from proxy.brokers import BrokerDirectory
 from proxy.config import parse_config
+from proxy.net.brokers import BrokerDirectory
 
 
 def directory(mode: str) -> BrokerDirectory:

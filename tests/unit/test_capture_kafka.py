@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.capture import CaptureFiles, CaptureWriter
-from proxy.capture_export import ExportError, export
-from proxy.capture_kafka import VERSION_HEADER, KafkaSink, producer_config
+from proxy.capture.export import ExportError, export
+from proxy.capture.kafka_sink import VERSION_HEADER, KafkaSink, producer_config
+from proxy.capture.writer import CaptureFiles, CaptureWriter
 from proxy.config import CaptureConfig, CaptureKafkaConfig, ConfigError, capture_bootstrap, parse_config
 from proxy.metrics import ProxyMetrics
 from quota import capture_json

@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from proxy.capture import INPROGRESS, CaptureFiles, CaptureWriter
+from proxy.capture.writer import INPROGRESS, CaptureFiles, CaptureWriter
 from proxy.config import CaptureConfig
 from proxy.metrics import ProxyMetrics
 from quota.capture_schema import CAPTURE_SCHEMA_VERSION, CAPTURE_VERSION_KEY, FIELD_NAMES

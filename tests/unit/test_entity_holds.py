@@ -8,7 +8,7 @@ from typing import Any
 from protocol import messages
 from protocol.api_keys import ApiKey
 from proxy.metrics import ProxyMetrics
-from proxy.throttling import QuotaEnforcer
+from proxy.shared.throttling import QuotaEnforcer
 from quota.config import QuotaConfig
 from tests.unit.test_messages import _batch
 

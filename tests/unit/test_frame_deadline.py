@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from proxy.pipeline import Pipeline
+from proxy.pipeline.connection import Pipeline
 from proxy.server import ProxyServer
 from tests.unit.conftest import StubUpstream, proxy_in_front_of, recv_exactly
 

@@ -17,7 +17,7 @@ from fuzz.targets import request_target, response_target
 from protocol import messages, mutations
 from protocol.api_keys import ApiKey
 from protocol.sasl import PLAIN, SaslTracker
-from proxy.throttling import FetchRequestInfo, throttled_fetch_response
+from proxy.shared.throttling import FetchRequestInfo, throttled_fetch_response
 
 CRASHES = Path(__file__).resolve().parents[2] / "fuzz" / "crashes"
 TARGETS: dict[str, Callable[[bytes], object]] = {

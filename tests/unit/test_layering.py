@@ -49,19 +49,83 @@ def test_a_package_imports_only_what_it_stands_on(package: str) -> None:
 
 def test_stages_see_the_connection_only_through_their_interface() -> None:
     """A stage never imports the pipeline, its flow control, its sockets or the server."""
-    banned = {"proxy.pipeline", "proxy.server", "proxy.flow", "proxy.transports", "proxy.frame_streams"}
+    banned = {
+        "proxy.pipeline.connection",
+        "proxy.server",
+        "proxy.pipeline.flow",
+        "proxy.net.transports",
+        "proxy.pipeline.frame_streams",
+    }
     wrong = [
         f"{path.relative_to(ROOT)} imports {name}"
-        for path in _files("proxy/stages")
+        for path in _files("proxy/pipeline/stages")
         for name in sorted(_imports(path))
         if name in banned
     ]
     assert not wrong
 
 
-def test_the_pipeline_does_not_import_the_server() -> None:
-    for module in ("pipeline", "flow", "frame_streams", "transports", "host"):
-        assert "proxy.server" not in _imports(ROOT / "proxy" / f"{module}.py"), module
+def _runtime_imports(path: Path) -> set[str]:
+    """The modules of ours a file imports when it runs: imports under ``if TYPE_CHECKING:`` are
+    for types only and left out."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            typing_only.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.startswith("proxy.")}
+
+
+# The rooms of proxy/, lowest first. A room's modules import the proxy's basics, their own room
+# and the rooms below it; the wiring (server, reload, cli) imports anything; nothing imports the
+# wiring or a room above it when it runs.
+BASICS = ("config", "secrets", "ratelog", "metrics", "traffic_metrics")
+ROOMS = ("net", "shared", "capture", "pipeline", "admin")
+WIRING = ("server", "reload", "cli")
+
+
+def _place(module: str) -> str:
+    """The room (or basics, wiring) a module of proxy/ lives in."""
+    part = module.split(".")[1]
+    if part in ROOMS:
+        return part
+    if part in BASICS:
+        return "basics"
+    if part in WIRING:
+        return "wiring"
+    return part  # a module name not in the map fails the test below
+
+
+def test_every_proxy_module_lives_in_a_known_room() -> None:
+    places = {
+        _place("proxy." + ".".join(p.relative_to(ROOT / "proxy").with_suffix("").parts))
+        for p in _files("proxy")
+    }
+    assert places <= {"basics", "wiring", *ROOMS, "__init__"}, places
+
+
+def test_nothing_in_proxy_imports_upward_when_it_runs() -> None:
+    order = {"basics": 0, **{room: i + 1 for i, room in enumerate(ROOMS)}, "wiring": len(ROOMS) + 1}
+    wrong = []
+    for path in _files("proxy"):
+        module = "proxy." + ".".join(path.relative_to(ROOT / "proxy").with_suffix("").parts)
+        here = _place(module)
+        if here in ("wiring", "__init__"):
+            continue
+        for name in sorted(_runtime_imports(path)):
+            there = _place(name)
+            if there != here and order.get(there, 99) > order[here]:
+                wrong.append(f"{path.relative_to(ROOT)} ({here}) imports {name} ({there})")
+    assert not wrong
 
 
 def test_protocol_and_quota_stay_sans_io() -> None:

@@ -31,7 +31,7 @@ def test_the_proxy_runs_without_pyarrow(tmp_path: Path) -> None:
     config = tmp_path / "kthrottle.yaml"
     config.write_text(GATEWAY)
     check = (
-        block + "import proxy.server, proxy.pipeline, proxy.capture, proxy.cli\n"
+        block + "import proxy.server, proxy.pipeline.connection, proxy.capture.writer, proxy.cli\n"
         f"sys.exit(proxy.cli.main(['check-config', {str(config)!r}]))\n"
     )
     done = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=60)

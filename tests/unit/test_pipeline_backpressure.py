@@ -8,7 +8,7 @@ import socket
 import struct
 import time
 
-from proxy.pipeline import WRITE_BUFFER_HIGH
+from proxy.pipeline.connection import WRITE_BUFFER_HIGH
 from tests.unit.conftest import Harness, recv_exactly
 
 RESPONSE_BYTES = 1 << 20

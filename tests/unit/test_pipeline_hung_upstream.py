@@ -15,7 +15,7 @@ from typing import cast
 
 import pytest
 
-import proxy.transports
+import proxy.net.transports
 from protocol.frames import FrameDecoder
 from proxy.server import ProxyServer
 from tests.unit.conftest import proxy_in_front_of
@@ -68,8 +68,8 @@ class Setup:
 
 @pytest.fixture
 def hung(monkeypatch: pytest.MonkeyPatch) -> Iterator[Setup]:
-    monkeypatch.setattr(proxy.transports, "CLOSE_FLUSH_SECONDS", 0.5)
-    monkeypatch.setattr(proxy.transports, "PAUSED_PEER_CHECK_SECONDS", 0.1)
+    monkeypatch.setattr(proxy.net.transports, "CLOSE_FLUSH_SECONDS", 0.5)
+    monkeypatch.setattr(proxy.net.transports, "PAUSED_PEER_CHECK_SECONDS", 0.1)
     upstream = HungUpstream()
     with proxy_in_front_of(upstream.handle) as (loop, port, server):
         yield Setup(loop, upstream, port, server)
@@ -121,13 +121,14 @@ def test_peer_has_closed_sees_a_fin_or_reset_while_reads_are_paused(reset: bool)
         client = socket.create_connection(("127.0.0.1", port))
         client.sendall(b"unread bytes")
         writer = await asyncio.wait_for(accepted.get(), 10)
-        before = proxy.transports.peer_has_closed(writer.transport)
+        before = proxy.net.transports.peer_has_closed(writer.transport)
         if reset:
             client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         client.close()
         deadline = time.monotonic() + 10
         while (
-            not (after := proxy.transports.peer_has_closed(writer.transport)) and time.monotonic() < deadline
+            not (after := proxy.net.transports.peer_has_closed(writer.transport))
+            and time.monotonic() < deadline
         ):
             await asyncio.sleep(0.02)
         writer.close()

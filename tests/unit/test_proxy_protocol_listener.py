@@ -1,4 +1,4 @@
-"""A listener that requires the PROXY protocol (proxy/proxy_protocol.py), in-process in front of a
+"""A listener that requires the PROXY protocol (proxy/net/proxy_protocol.py), in-process in front of a
 stub upstream: the header's client becomes the connection's peer (v1, v2 over IPv4 and IPv6, the
 header split byte by byte, the request in the same packet); LOCAL keeps the socket's peer; no
 header, a bad one, a late one or an untrusted source is refused, counted and logged; TLS starts
@@ -21,8 +21,8 @@ import pytest
 
 from dev.certs import CertificateAuthority
 from protocol.proxy_header import V2_SIGNATURE
+from proxy.net.tls import server_name
 from proxy.server import ProxyServer
-from proxy.tls import server_name
 from tests.unit.conftest import StubUpstream, proxy_in_front_of, recv_exactly
 
 T = TypeVar("T")
@@ -138,13 +138,13 @@ def test_local_and_unknown_keep_the_socket_peer(proxy: Proxy) -> None:
 def test_a_client_without_a_header_is_refused_and_logged(
     proxy: Proxy, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, "proxy.proxy_protocol")
+    caplog.set_level(logging.WARNING, "proxy.net.proxy_protocol")
     with proxy.connect() as sock:
         port = sock.getsockname()[1]
         sock.sendall(_request(1))
         assert _closed_by_proxy(sock)
     assert proxy.refused("malformed") == 1 and proxy.peers() == []
-    lines = [r.getMessage() for r in caplog.records if r.name == "proxy.proxy_protocol"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "proxy.net.proxy_protocol"]
     assert any(
         f"connection from 127.0.0.1:{port} on sidecar refused: not a PROXY protocol header" in line
         and "a Kafka request" in line
@@ -166,7 +166,7 @@ def test_a_header_that_does_not_come_in_time_is_refused(proxy: Proxy) -> None:
     "proxy", ["proxy_protocol: {listeners: [sidecar], trusted_sources: [10.0.0.0/8, '::1']}\n"], indirect=True
 )
 def test_a_source_outside_trusted_sources_is_refused(proxy: Proxy, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, "proxy.proxy_protocol")
+    caplog.set_level(logging.WARNING, "proxy.net.proxy_protocol")
     with proxy.connect() as sock:
         sock.sendall(b"PROXY TCP4 10.9.8.7 127.0.0.1 4321 9092\r\n" + _request(1))
         assert _closed_by_proxy(sock)

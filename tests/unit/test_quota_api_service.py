@@ -13,13 +13,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
 from protocol.errors import ErrorCode
-from proxy import quota_cli
-from proxy.admin import AdminAuth, build_app
+from proxy.admin import quota_cli
+from proxy.admin.http import AdminAuth, build_app
 from proxy.cli import main
 from proxy.config import AdminConfig, parse_config
-from proxy.quota_api import QuotaAlterBoth, QuotaApiService, alterations_of
 from proxy.reload import apply
 from proxy.server import ProxyServer
+from proxy.shared.quota_api import QuotaAlterBoth, QuotaApiService, alterations_of
 from quota import client_quota_ops as ops
 
 GATEWAY = """
@@ -298,7 +298,7 @@ def test_registered_secrets_are_masked_in_log_records(caplog: pytest.LogCaptureF
 
 
 def test_principals() -> None:
-    from proxy.quota_api import allowed, principal_of
+    from proxy.shared.quota_api import allowed, principal_of
 
     assert principal_of("ANONYMOUS") == "User:ANONYMOUS"
     assert allowed("User:alice", None)  # describers default: everyone

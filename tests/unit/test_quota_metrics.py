@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from proxy.admin.quota_metrics import OTHER, QuotaCollector
 from proxy.metrics import ProxyMetrics
-from proxy.quota_metrics import OTHER, QuotaCollector
-from proxy.throttling import QuotaEnforcer
+from proxy.shared.throttling import QuotaEnforcer
 from quota.config import QuotaConfig
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from dev.certs import CertificateAuthority
 from proxy.config import ConfigError, ListenerTls, SniConfig, parse_config
-from proxy.tls import ListenerTlsContext, ReloadingContext, TlsConfigError, server_context
+from proxy.net.tls import ListenerTlsContext, ReloadingContext, TlsConfigError, server_context
 
 GATEWAY = "gateway: {upstream_bootstrap: ['127.0.0.1:9092']}\n"
 
@@ -91,8 +91,8 @@ def test_changed_files_reload_and_bad_ones_keep_the_last_good(tmp_path: Path) ->
 def test_proxy_own_clients_use_upstream_tls(tmp_path: Path) -> None:
     """The state exchange (aiokafka) and the capture sink (kafka-python) reach TLS brokers with
     the upstream TLS settings, with SASL on top when the proxy has a login."""
-    from proxy.capture_kafka import security
-    from proxy.exchange import ExchangeSettings
+    from proxy.capture.kafka_sink import security
+    from proxy.shared.exchange import ExchangeSettings
 
     ca = CertificateAuthority(tmp_path / "ca")
     own = ca.issue("proxy", "kthrottle-proxy")
@@ -113,7 +113,7 @@ def test_proxy_own_clients_use_upstream_tls(tmp_path: Path) -> None:
 def test_upstream_trusts_the_ca_file_alone(tmp_path: Path) -> None:
     """As Kafka's truststore: with a cafile, the system's CAs are not trusted besides it."""
     from proxy.config import UpstreamTls
-    from proxy.tls import client_context
+    from proxy.net.tls import client_context
 
     ca = CertificateAuthority(tmp_path / "ca")
     only = client_context(UpstreamTls(enabled=True, cafile=ca.cert_path))

@@ -12,10 +12,10 @@ import pytest
 from protocol import messages
 from protocol.api_keys import ApiKey
 from protocol.versions import codec_versions
-from proxy.capture_rows import CaptureDraft
+from proxy.capture.rows import CaptureDraft
 from proxy.metrics import ProxyMetrics
-from proxy.throttling import QuotaEnforcer
-from proxy.topic_names import TopicNames
+from proxy.shared.throttling import QuotaEnforcer
+from proxy.shared.topic_names import TopicNames
 from quota.config import QuotaConfig
 from tests.unit.test_messages import _batch
 
@@ -227,7 +227,7 @@ async def _settled(lookup: Any) -> None:
 
 
 async def test_lookup_runs_once_for_many_requests_then_charges_and_writes() -> None:
-    from proxy.topic_lookup import TopicIdLookup
+    from proxy.shared.topic_lookup import TopicIdLookup
 
     now = [100.0]
     enforcer, metrics = _enforcer({"producer.byte.rate": 1000}, now)
@@ -246,7 +246,7 @@ async def test_lookup_runs_once_for_many_requests_then_charges_and_writes() -> N
 
 
 async def test_lookup_retries_a_failure_then_gives_up_counting() -> None:
-    from proxy.topic_lookup import ATTEMPTS, TopicIdLookup
+    from proxy.shared.topic_lookup import ATTEMPTS, TopicIdLookup
 
     now = [100.0]
     enforcer, metrics = _enforcer({"producer.byte.rate": 1000}, now)

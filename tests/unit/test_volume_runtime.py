@@ -12,8 +12,8 @@ from protocol import messages
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from proxy.config import ConfigError, parse_config
-from proxy.exchange import ExchangeSettings
-from proxy.volume_usage import statvfs_usage
+from proxy.shared.exchange import ExchangeSettings
+from proxy.shared.volume_usage import statvfs_usage
 
 
 @pytest.mark.parametrize("version", [3, 8, 9, 12])

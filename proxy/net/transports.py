@@ -1,0 +1,114 @@
+"""The asyncio side of a connection: the two socket protocols that feed a Pipeline, and the
+helpers that close a transport without hanging on a peer that reads nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from proxy.pipeline.connection import Pipeline
+
+# While a client's reads are paused the event loop cannot see it leave (EOF is only read with the
+# data); its socket's TCP state is looked at this often instead, so a client that gave up on a hung
+# upstream does not pin its pipeline and both sockets forever.
+PAUSED_PEER_CHECK_SECONDS = 1.0
+# A closed side's unsent bytes get this long to drain (a peer that reads nothing never takes
+# them, and its socket would stay open for good); then the connection is reset.
+CLOSE_FLUSH_SECONDS = 5.0
+_TCP_INFO = getattr(socket, "TCP_INFO", None)  # Linux
+_PEER_GONE_STATES = frozenset({7, 8, 9})  # TCP_CLOSE (reset), TCP_CLOSE_WAIT (FIN), TCP_LAST_ACK
+
+
+def peer_has_closed(transport: asyncio.BaseTransport) -> bool:
+    """True when the peer of a TCP transport has sent its FIN or a reset, read or not (Linux's
+    TCP_INFO; False where the state cannot be read)."""
+    sock = transport.get_extra_info("socket")
+    if _TCP_INFO is None or sock is None:
+        return False
+    try:
+        state = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 8)[0]
+    except (OSError, ValueError, TypeError):
+        return False
+    return state in _PEER_GONE_STATES
+
+
+def close_bounded(transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    """Close a transport, flushing what it still buffers for at most CLOSE_FLUSH_SECONDS."""
+    transport.close()
+    if transport.get_write_buffer_size():
+        loop.call_later(CLOSE_FLUSH_SECONDS, transport.abort)
+
+
+def feed_client(pipeline: Pipeline, data: bytes | bytearray) -> None:
+    """Hand bytes already read from the client to its pipeline, as the socket would have read
+    them into the request decoder's buffer."""
+    view = memoryview(data)
+    while view and not pipeline.closed:
+        buffer = pipeline.requests.get_buffer()
+        n = min(len(buffer), len(view))
+        buffer[:n] = view[:n]
+        view = view[n:]
+        pipeline.client_written(n)
+
+
+class ClientProtocol(asyncio.BufferedProtocol):
+    """A client connection: the socket reads straight into the pipeline's request decoder."""
+
+    def __init__(self, make_pipeline: Callable[[asyncio.Transport], Pipeline]) -> None:
+        self.make_pipeline = make_pipeline
+        self.pipeline: Pipeline | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.pipeline = self.make_pipeline(cast(asyncio.Transport, transport))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        assert self.pipeline is not None
+        return self.pipeline.requests.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        assert self.pipeline is not None
+        self.pipeline.client_written(nbytes)
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too; the upstream is closed in connection_lost
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.pipeline is not None:
+            self.pipeline.client_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.pause_upstream("client-backpressure")
+
+    def resume_writing(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.resume_upstream("client-backpressure")
+
+
+class UpstreamProtocol(asyncio.BufferedProtocol):
+    """The pipeline's broker connection: the socket reads straight into its response decoder."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.pipeline.responses.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.pipeline.upstream_written(nbytes)
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.pipeline.upstream_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.pipeline.pause_client("upstream-backpressure")
+
+    def resume_writing(self) -> None:
+        self.pipeline.resume_client("upstream-backpressure")

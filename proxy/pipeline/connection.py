@@ -1,0 +1,405 @@
+"""One pipeline per client connection: client socket <-> proxy <-> its own upstream broker socket.
+
+The pipeline owns the connection: sockets, frame boundaries, the FIFO of requests in flight
+(responses come back in request order, Kafka guarantees it per connection), pausing and muting.
+Everything else is a stage (``proxy.pipeline.stages``): for each request the stages that asked for its API
+key run in order; a request none asked for is forwarded undecoded, byte for byte. Reads on either
+side pause while the other side's write buffer is full, so memory stays bounded per connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import struct
+from collections import deque
+from typing import Any
+
+from protocol import messages
+from protocol.api_keys import api_name
+from protocol.frames import (
+    SIZE,
+    FrameDecoder,
+    FrameError,
+    FrameHead,
+    FrameTooLarge,
+    Piece,
+    RequestHeader,
+    encode_response_header,
+    parse_request_header,
+)
+from protocol.sasl import SaslTracker
+from protocol.schema import SchemaError
+from proxy.net.connection_identity import Refused, tls_identity
+from proxy.net.transports import UpstreamProtocol, close_bounded
+from proxy.pipeline.flow import ConnectionFlow
+from proxy.pipeline.frame_streams import FrameStreams
+from proxy.pipeline.host import Host, Listener
+from proxy.pipeline.stages import InFlight, Request, Response
+from proxy.traffic_metrics import ApiTraffic
+from quota.keys import ANONYMOUS
+
+log = logging.getLogger(__name__)
+_ids = itertools.count(1)
+
+# Per-direction write buffer: large enough that a multi-hundred-KiB Produce or Fetch frame does not
+# pause the other side on every frame, small enough to bound memory per connection.
+WRITE_BUFFER_HIGH = 4 * 1024 * 1024
+WRITE_BUFFER_LOW = 1024 * 1024
+
+STREAM_FROM_BYTES = 64 * 1024  # frames from this size go out as they arrive, when they may
+
+
+class Pipeline(ConnectionFlow):
+    """State of one client connection and its upstream connection."""
+
+    stream_from = STREAM_FROM_BYTES
+
+    def __init__(
+        self,
+        server: Host,
+        listener: Listener,
+        client: asyncio.Transport,
+        origin: tuple[str, int] | None = None,
+    ) -> None:
+        """``origin``: the client's address from a PROXY protocol header (proxy/net/proxy_protocol.py),
+        which then stands for the socket's peer (the load balancer) everywhere."""
+        super().__init__()
+        self.id = next(_ids)
+        self.server = server
+        self.listener = listener
+        self.client = client
+        client.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
+        self.upstream: asyncio.Transport | None = None
+        self.upstream_addr = "?"
+        peer = origin or client.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        # Large frames are offered for streaming: forwarded as their bytes arrive when no stage
+        # needs more of them than their first bytes.
+        self.requests = FrameDecoder(server.cfg.max_frame_bytes, stream_from=self.stream_from)
+        self.responses = FrameDecoder(server.cfg.max_frame_bytes, stream_from=self.stream_from)
+        self.streams = FrameStreams(self)
+        self.in_flight: deque[InFlight] = deque()
+        self.pending: list[bytes | bytearray] = []  # frames read before the upstream connected
+        self.closed = False
+        self.user = ANONYMOUS  # the authenticated principal, once the proxy knows it
+        self.node_id = listener.node_id  # the broker this connection stands for (None: bootstrap)
+        self.sasl = SaslTracker()
+        self.last_response_at = 0.0
+        self.loop = asyncio.get_running_loop()
+        self.metrics = server.metrics
+        self._api_traffic: dict[int, ApiTraffic] = {}  # per api key, resolved once per connection
+        self.stages = server.stages.for_connection(self)
+        server.pipeline_opened(self)
+        self._connect_task: asyncio.Task[None] | None = None
+        try:
+            self.user, self.node_id = tls_identity(
+                server.tls, server.cfg, client.get_extra_info("ssl_object"), self.user, self.node_id
+            )
+        except Refused as exc:
+            self.reject(str(exc), exc.label)
+            return
+        hold_ms = server.enforcer.on_connection(peer[0]) if isinstance(peer, tuple) else 0
+        if hold_ms:
+            # KIP-612: an IP over its connection rate is accepted but never read from, and closed
+            # once the throttle time has passed; other IPs are not affected.
+            self.pause_client("connection-rate")
+            self._mute_handle = self.loop.call_later(
+                hold_ms / 1000.0,
+                lambda: self.close(f"over connection_creation_rate, held {hold_ms} ms", level=logging.INFO),
+            )
+            return
+        self.pause_client("connecting")
+        self._connect_task = self.loop.create_task(self._connect())
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    async def _connect(self) -> None:
+        server = self.server
+        targets = server.brokers.upstream_for(self.node_id)
+        if not targets:
+            self.close(f"no known address for broker node {self.node_id}")
+            return
+        last: BaseException | None = None
+        for host, port in targets:
+            tls = server.upstream_ssl()
+            try:
+                transport, _ = await asyncio.wait_for(
+                    self.loop.create_connection(
+                        lambda: UpstreamProtocol(self),
+                        host,
+                        port,
+                        ssl=tls,
+                        server_hostname=host if tls else None,
+                    ),
+                    server.cfg.connect_timeout_seconds,
+                )
+            except (TimeoutError, OSError) as exc:
+                last = exc
+                self.metrics.upstream_errors.labels("connect").inc()
+                log.warning("conn %d: upstream %s:%d unreachable: %r", self.id, host, port, exc)
+                continue
+            if self.closed:
+                transport.close()
+                return
+            self.upstream = transport
+            transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
+            self.upstream_addr = f"{host}:{port}"
+            for frame in self.pending:
+                self.forward(frame)
+            self.pending.clear()
+            if self._upstream_pauses:
+                transport.pause_reading()
+            self.resume_client("connecting")
+            return
+        self.close(f"no upstream broker reachable (last error {last!r})")
+
+    def close(self, reason: str | None = None, *, level: int = logging.WARNING) -> None:
+        """Close both sides once; ``reason`` is logged with the client's address."""
+        if self.closed:
+            return
+        self.closed = True
+        if reason:
+            log.log(level, "conn %d from %s on %s closed: %s", self.id, self.peer, self.listener.name, reason)
+        close_bounded(self.client, self.loop)
+        if self.upstream is not None:
+            close_bounded(self.upstream, self.loop)
+        for handle in (self._connect_task, self._mute_handle, self._watch_handle, *self._tasks):
+            if handle is not None:
+                handle.cancel()
+        for stage in self.stages.stages:
+            stage.on_close()
+        self.server.pipeline_closed(self)
+
+    def reject(self, reason: str, label: str) -> None:
+        """Bad input from the client: count it, log it, close this connection only."""
+        self.metrics.rejected_frames.labels(label).inc()
+        self.close(f"rejected: {reason}")
+
+    def client_lost(self, exc: Exception | None) -> None:
+        if not self.closed:
+            why = None
+            if self.requests.mid_frame:
+                why = f"client disconnected mid-frame ({self.requests.buffered} payload bytes unused)"
+            self.close(why, level=logging.INFO)
+
+    def upstream_lost(self, exc: Exception | None) -> None:
+        """With requests in flight this is a failure the client will see as one; with none it
+        is most often the broker closing a connection idle for its connections.max.idle.ms,
+        which the client sees exactly as it would without the proxy."""
+        if self.closed:
+            return
+        where = self.upstream_addr
+        if not self.idle:
+            self.metrics.upstream_errors.labels("disconnect").inc()
+            n = len(self.in_flight)
+            self.close(f"upstream {where} closed the connection with {n} requests in flight ({exc!r})")
+        else:
+            self.metrics.upstream_errors.labels("idle_close").inc()
+            self.close(f"upstream {where} closed the connection while idle ({exc!r})", level=logging.INFO)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight, and no frame half through either way."""
+        return not self.in_flight and self.streams.response is None and not self.streams.request_open
+
+    # --- requests ------------------------------------------------------------------------------
+
+    def client_written(self, nbytes: int) -> None:
+        """The client socket wrote ``nbytes`` into the request decoder's buffer."""
+        if self.closed:
+            return
+        try:
+            frames = self.requests.written(nbytes)
+        except FrameError as exc:
+            self.reject(str(exc), "oversize" if isinstance(exc, FrameTooLarge) else "bad-size")
+            return
+        if not self.requests.mid_frame:
+            self.frame_started = None
+        elif self.frame_started is None or (frames and type(frames[-1]) is not Piece):
+            self.frame_started = self.loop.time()  # a new frame began in these bytes
+        for frame in frames:
+            if self.closed:
+                return
+            kind = type(frame)
+            if kind is Piece:
+                self.streams.request_piece(frame)
+            elif kind is FrameHead:
+                self.streams.request_head(frame)
+            elif self.holding:  # a throttled connection is muted: Kafka would not have read these yet
+                self.held.append(frame)
+            else:
+                self._request(frame)
+
+    def _request(self, frame: bytearray) -> None:
+        try:
+            header = parse_request_header(frame)
+        except FrameError as exc:
+            self.reject(str(exc), "bad-header")
+            return
+        req = Request(header, frame)
+        try:
+            for stage in self.stages.for_request(header.api_key, header.api_version):
+                if stage.on_request(req):
+                    return
+            expects_response = req.expects_response
+        except (SchemaError, struct.error) as exc:
+            name = api_name(header.api_key)
+            self.reject(f"malformed {name} v{header.api_version} request: {exc}", "malformed")
+            return
+        self.forwarding(req, expects_response, len(frame) + 4)
+        self.send(frame)
+
+    def forwarding(self, req: Request, expects_response: bool, nbytes: int) -> None:
+        """``req`` (``nbytes`` on the wire) goes upstream now: count it, queue its entry if a
+        response comes, and apply the throttle its stages decided."""
+        self.traffic(req.header.api_key).request(nbytes)
+        if expects_response:
+            entry = self.entry_for(req, counted=False)
+            if req.throttle_ms:
+                # Read nothing more until the response goes out and its mute ends, as the broker
+                # (which reads one request at a time per connection) would.
+                self.hold_until_answered(entry)
+            self.in_flight.append(entry)
+            return
+        # acks=0: no response to wait for
+        if req.throttle_ms:
+            self.mute(req.throttle_ms)
+        if req.watchers:
+            entry = self.entry_for(req, counted=False)
+            for watcher in entry.watchers:
+                watcher.on_done(entry, -1.0)
+
+    def traffic(self, api_key: int) -> ApiTraffic:
+        found = self._api_traffic.get(api_key)
+        if found is None:
+            found = self._api_traffic[api_key] = self.metrics.traffic.api(api_key)
+        return found
+
+    def entry_for(self, req: Request, counted: bool = True) -> InFlight:
+        """The FIFO entry of a request (not queued yet); counted in the request metrics."""
+        header = req.header
+        if counted:
+            self.traffic(header.api_key).request(len(req.frame) + 4)
+        entry = InFlight(
+            header.api_key,
+            header.api_version,
+            header.correlation_id,
+            self.loop.time(),
+            None,
+            header.client_id or "",
+        )
+        entry.throttle_ms = req.throttle_ms
+        if req.stages or req.watchers:
+            entry.stages = req.stages + req.watchers
+            entry.watchers = req.watchers
+        entry.charge_time = req.charge_time
+        entry.fetch = req.fetch
+        entry.capture = req.capture
+        return entry
+
+    def send(self, frame: bytes | bytearray) -> None:
+        """Forward a request, or queue it until the upstream connection is up (or a request
+        being streamed has gone out)."""
+        if self.upstream is None:
+            self.pending.append(frame)
+        elif self.streams.request_open:
+            self.streams.after_request.append(frame)
+        else:
+            self.forward(frame)
+
+    def forward(self, frame: bytes | bytearray) -> None:
+        assert self.upstream is not None
+        self.upstream.writelines((SIZE.pack(len(frame)), frame))
+
+    @staticmethod
+    def encoded_answer(header: RequestHeader, body: dict[str, Any]) -> bytes:
+        """The proxy's own response to a request: its header, then ``body``."""
+        payload = encode_response_header(header.api_key, header.api_version, header.correlation_id)
+        payload += messages.encode_response(header.api_key, header.api_version, body)
+        return bytes(payload)
+
+    def answer(self, entry: InFlight, payload: bytes) -> None:
+        """Answer ``entry`` (already in the FIFO) with ``payload``, in its turn."""
+        entry.local_response = payload
+        self.flush_local()
+
+    def flush_local(self) -> None:
+        if self.streams.response is not None:
+            return  # in its turn, once the response being streamed has gone out
+        while self.in_flight and self.in_flight[0].local_response is not None:
+            entry = self.in_flight.popleft()
+            assert entry.local_response is not None
+            self.client.writelines((SIZE.pack(len(entry.local_response)), entry.local_response))
+            if entry.throttle_ms:
+                self.mute(entry.throttle_ms)
+            self._answered(entry)
+            for watcher in entry.watchers:
+                watcher.on_done(entry, -1.0)
+
+    # --- responses -----------------------------------------------------------------------------
+
+    def upstream_written(self, nbytes: int) -> None:
+        """The upstream socket wrote ``nbytes`` into the response decoder's buffer."""
+        if self.closed:
+            return
+        try:
+            frames = self.responses.written(nbytes)
+        except FrameError as exc:
+            self.metrics.upstream_errors.labels("bad-frame").inc()
+            self.close(f"upstream sent a bad frame: {exc}")
+            return
+        for frame in frames:
+            if self.closed:
+                return
+            kind = type(frame)
+            if kind is Piece:
+                self.streams.response_piece(frame)
+            elif kind is FrameHead:
+                self.streams.response_head(frame)
+            else:
+                self._response(frame)
+
+    def sent(self, entry: InFlight) -> None:
+        """``entry``'s response went out: its mute begins, reads may go on, local answers follow."""
+        if entry.throttle_ms:
+            self.mute(entry.throttle_ms)
+        self._answered(entry)
+        self.flush_local()
+        if self.server.draining and self.idle:
+            self.close("drained for shutdown", level=logging.INFO)
+
+    def _response(self, frame: bytearray) -> None:
+        if not self.in_flight or len(frame) < 4:
+            self.metrics.upstream_errors.labels("unexpected-response").inc()
+            self.close("upstream sent a response nobody asked for")
+            return
+        entry = self.in_flight.popleft()
+        correlation_id = int.from_bytes(frame[:4], "big", signed=True)
+        if correlation_id != entry.correlation_id:
+            self.metrics.upstream_errors.labels("correlation").inc()
+            self.close(f"response correlation id {correlation_id} != expected {entry.correlation_id}")
+            return
+        now = self.loop.time()
+        # The broker works on one request of a connection at a time: a pipelined request's time
+        # starts when the one before it was answered.
+        entry.busy = now - max(entry.sent_at, self.last_response_at)
+        self.last_response_at = now
+        if entry.stages or entry.throttle_ms:
+            resp = Response(entry, frame)
+            try:
+                for stage in entry.stages:
+                    if stage.on_response(resp):
+                        return
+                frame = resp.finished()
+            except (SchemaError, FrameError, LookupError) as exc:
+                self.metrics.upstream_errors.labels("undecodable-response").inc()
+                self.close(f"cannot rewrite {api_name(entry.api_key)} v{entry.api_version} response: {exc}")
+                return
+        upstream = now - entry.sent_at
+        self.traffic(entry.api_key).response(len(frame) + 4, upstream)
+        for watcher in entry.watchers:
+            watcher.on_done(entry, upstream * 1000)
+        self.client.writelines((SIZE.pack(len(frame)), frame))
+        self.sent(entry)

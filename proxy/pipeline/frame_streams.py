@@ -1,0 +1,138 @@
+"""Large frames forwarded as their bytes arrive, when no stage needs more of them than their
+first bytes: memory per connection stays bounded by the socket buffers, not by the frame size.
+
+A Produce request whose stages read no more than its header is streamed upstream (its acks, in
+its first bytes, say whether a response comes); a response none looks at (no stage asked for it
+and no throttle is to be patched into it) is streamed to the client. Everything else is gathered
+whole, as before. While a request streams, other requests wait for it to end; while a response
+streams, answers the proxy makes itself wait for theirs.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+from protocol.api_keys import ApiKey
+from protocol.frames import SIZE, FrameError, FrameHead, Piece, parse_request_header
+from protocol.schema import SchemaError
+from proxy.pipeline.stages import InFlight, Request
+from proxy.pipeline.stages.base import WHOLE, StreamFilter
+
+if TYPE_CHECKING:
+    from proxy.pipeline.connection import Pipeline
+
+
+class FrameStreams:
+    """One connection's frames under way, each direction."""
+
+    __slots__ = ("after_request", "conn", "filter", "held", "request_open", "response", "response_size")
+
+    def __init__(self, conn: Pipeline) -> None:
+        self.conn = conn
+        self.request_open = False  # a request is being forwarded piece by piece
+        self.after_request: list[bytes | bytearray] = []  # sent once that request has gone out
+        self.response: InFlight | None = None  # whose response goes out piece by piece
+        self.response_size = 0
+        self.filter: StreamFilter | None = None  # a stage's view of the response streamed
+        self.held = bytearray()  # its bytes the filter holds back until the end
+
+    def request_head(self, head: FrameHead) -> None:
+        """A large request began: a Produce whose stages read no more than its header (address
+        rewriting wants its response) is streamed; anything else is gathered."""
+        conn = self.conn
+        upstream = conn.upstream
+        if conn.holding or upstream is None:
+            return
+        try:
+            header = parse_request_header(head.head)
+            key, version = header.api_key, header.api_version
+            if key != ApiKey.PRODUCE:
+                return
+            stages = conn.stages.for_request(key, version)
+            if any(stage.reads_request_body(key, version) for stage in stages):
+                return
+            req = Request(header, bytearray(head.head))
+            expects_response = req.expects_response  # acks, from the first bytes
+            for stage in stages:
+                stage.on_request(req)
+        except (FrameError, SchemaError, struct.error, IndexError):
+            return  # gathered whole, and refused then if it is bad
+        data = conn.requests.stream()
+        conn.forwarding(req, expects_response, head.size + 4)
+        self.request_open = True
+        upstream.writelines((SIZE.pack(head.size), data))
+
+    def request_piece(self, piece: Piece) -> None:
+        conn = self.conn
+        upstream = conn.upstream
+        assert upstream is not None
+        upstream.write(piece.data)
+        if not upstream.get_write_buffer_size():
+            conn.requests.reuse_chunk()  # the kernel has it all: no view of the buffer is kept
+        if piece.last:
+            self.request_open = False
+            for frame in self.after_request:
+                conn.forward(frame)
+            self.after_request.clear()
+
+    def response_head(self, head: FrameHead) -> None:
+        """A large response began: stream it if nothing needs it whole; else it is gathered."""
+        conn = self.conn
+        if not conn.in_flight or len(head.head) < 4:
+            return
+        entry = conn.in_flight[0]
+        correlation_id = int.from_bytes(head.head[:4], "big", signed=True)
+        if entry.throttle_ms or correlation_id != entry.correlation_id:
+            return  # gathered whole (a wrong correlation id is refused then)
+        chosen: StreamFilter | None = None
+        for stage in entry.stages:
+            found = stage.stream_filter(entry)
+            if found is WHOLE or (found is not None and chosen is not None):
+                return
+            chosen = chosen or found
+        data = conn.responses.stream()
+        conn.in_flight.popleft()
+        conn.last_response_at = conn.loop.time()
+        self.response = entry
+        self.response_size = head.size
+        self.filter = chosen
+        conn.client.writelines((SIZE.pack(head.size), self._passed(data)))
+
+    def _passed(self, data: bytes | memoryview) -> bytes | memoryview:
+        """What of ``data`` may go out now; the filter's share is held."""
+        if self.filter is None:
+            return data
+        if self.held:
+            self.held += data
+            return b""
+        n = self.filter.feed(data)
+        if n < len(data):
+            self.held += data[n:]
+            return data[:n]
+        return data
+
+    def response_piece(self, piece: Piece) -> None:
+        conn = self.conn
+        try:
+            data = self._passed(piece.data)
+        except SchemaError as exc:
+            conn.metrics.upstream_errors.labels("undecodable-response").inc()
+            conn.close(f"cannot follow a streamed response: {exc}")
+            return
+        if data:
+            conn.client.write(data)
+        if not conn.client.get_write_buffer_size():
+            conn.responses.reuse_chunk()  # the kernel has it all: no view of the buffer is kept
+        if not piece.last:
+            return
+        entry = self.response
+        assert entry is not None
+        self.response = None
+        if self.filter is not None:
+            self.filter.finish(self.held)
+            conn.client.write(bytes(self.held))
+            self.held.clear()
+            self.filter = None
+        conn.traffic(entry.api_key).response(self.response_size + 4, conn.loop.time() - entry.sent_at)
+        conn.sent(entry)

@@ -1,0 +1,103 @@
+"""What a client learns about the cluster goes through the proxy: broker addresses in Metadata,
+FindCoordinator, DescribeCluster and the other address-bearing responses are rewritten to the
+proxy's; ApiVersions is cut to what the proxy can carry; Metadata's topic ids are learned (a
+Produce or Fetch v13+ names its topics by id)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+
+from protocol import messages
+from protocol.api_keys import ApiKey
+from protocol.node_endpoints import TailFinder, node_endpoints_at, tail_of, withhold_node_endpoints
+from protocol.versions import NODE_ENDPOINTS_FROM
+from proxy.pipeline.stages.base import WHOLE, Connection, InFlight, Request, Response, Stage, StreamFilter
+from proxy.ratelog import RateLimitedLog
+
+log = logging.getLogger(__name__)
+withheld_log = RateLimitedLog(log)
+
+# Responses that may carry broker addresses or capabilities the proxy must change.
+_REWRITE_ALWAYS = frozenset(
+    {ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER}
+)
+_KEYS = _REWRITE_ALWAYS | frozenset(NODE_ENDPOINTS_FROM)
+
+
+class AddressStage(Stage):
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def request_keys(self) -> Collection[int]:
+        return _KEYS
+
+    def stream_filter(self, entry: InFlight) -> StreamFilter | None:
+        """A streamed Produce or Fetch response (a large one, which no other stage reads) goes
+        out as it arrives up to its last field; NodeEndpoints there, if any, is withheld."""
+        if entry.api_key in _REWRITE_ALWAYS:
+            return WHOLE
+        return NodeEndpointsFilter(self.conn, entry)
+
+    def reads_request_body(self, api_key: int, api_version: int) -> bool:
+        return False
+
+    def on_request(self, req: Request) -> bool:
+        key = req.header.api_key
+        if key in _REWRITE_ALWAYS or req.header.api_version >= NODE_ENDPOINTS_FROM[key]:
+            req.want_response(self)
+        return False
+
+    def on_response(self, resp: Response) -> bool:
+        if resp.replacement is not None:
+            return False
+        server = self.conn.server
+        entry = resp.entry
+        key = entry.api_key
+        if key in NODE_ENDPOINTS_FROM and not resp.decoded:
+            # Most Produce and Fetch responses carry no addresses: look at their last field
+            # (found without decoding them) before decoding them to rewrite it.
+            tail = tail_of(key, entry.api_version, resp.frame)
+            if node_endpoints_at(tail) is None:
+                return False
+        body = resp.body
+        if key == ApiKey.METADATA:
+            server.topic_names.learn(messages.metadata_topic_ids(body))
+        changed = 0
+        if key == ApiKey.API_VERSIONS:
+            messages.intersect_api_versions(body)
+            changed = 1
+        changed += messages.rewrite_addresses(key, entry.api_version, body, server.brokers.advertised)
+        if changed:
+            server.metrics.rewritten_addresses.inc(changed)
+            resp.reencode = True
+        return False
+
+
+class NodeEndpointsFilter:
+    """Lets a streamed response out up to its top-level tagged fields; withholds NodeEndpoints
+    there (the response's length cannot change once its size went out). The client then finds a
+    new leader by a Metadata request, through the proxy, as clients did before KIP-951."""
+
+    def __init__(self, conn: Connection, entry: InFlight) -> None:
+        self.conn = conn
+        self.entry = entry
+        self.finder = TailFinder(entry.api_key, entry.api_version)
+
+    def feed(self, data: memoryview | bytes) -> int:
+        return self.finder.feed(data)
+
+    def finish(self, tail: bytearray) -> None:
+        if not withhold_node_endpoints(tail):
+            return
+        conn, entry = self.conn, self.entry
+        conn.server.metrics.node_endpoints_withheld.inc()
+        withheld_log.log(
+            logging.INFO,
+            "node-endpoints",
+            "conn %d: a streamed %s v%d response named new leaders' addresses; withheld (the client "
+            "asks Metadata through the proxy instead)",
+            conn.id,
+            "Fetch" if entry.api_key == ApiKey.FETCH else "Produce",
+            entry.api_version,
+        )

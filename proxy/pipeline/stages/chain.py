@@ -1,0 +1,59 @@
+"""The stages of a proxy, in order, and each connection's table of which run for which API key."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from proxy.pipeline.stages.base import Connection, Stage, StageFactory
+
+if TYPE_CHECKING:
+    from proxy.shared.throttling import QuotaEnforcer
+
+
+_MAX_RESOLVED = 1024  # (key, version) pairs remembered per connection
+
+
+class StageSet:
+    """The proxy's stage factories, in the order their ``on_request`` runs."""
+
+    def __init__(self, factories: Sequence[StageFactory], enforcer: QuotaEnforcer) -> None:
+        self.factories = tuple(factories)
+        self.enforcer = enforcer
+
+    def for_connection(self, conn: Connection) -> StageChain:
+        return StageChain([make(conn) for make in self.factories], self.enforcer)
+
+
+class StageChain:
+    """One connection's stages and, per API key and version, the ones that asked for its
+    requests: resolved once, and again only when the quotas are reconfigured (a request nobody
+    asked for maps to an empty tuple, and is forwarded undecoded)."""
+
+    __slots__ = ("_enforcer", "_generation", "_table", "stages")
+
+    def __init__(self, stages: list[Stage], enforcer: QuotaEnforcer) -> None:
+        self.stages = stages
+        self._enforcer = enforcer
+        self._generation = enforcer.generation
+        self._table: dict[int, tuple[Stage, ...]] = {}
+
+    def for_request(self, api_key: int, api_version: int) -> tuple[Stage, ...]:
+        if self._generation != self._enforcer.generation:
+            self._table.clear()
+            self._generation = self._enforcer.generation
+        slot = api_key << 16 | api_version
+        found = self._table.get(slot)
+        if found is None:
+            if len(self._table) >= _MAX_RESOLVED:  # a client trying every version: start over
+                self._table.clear()
+            found = self._table[slot] = self._resolve(api_key, api_version)
+        return found
+
+    def _resolve(self, api_key: int, api_version: int) -> tuple[Stage, ...]:
+        chosen = []
+        for stage in self.stages:
+            keys = stage.request_keys()
+            if (keys is None or api_key in keys) and stage.wants_version(api_key, api_version):
+                chosen.append(stage)
+        return tuple(chosen)
