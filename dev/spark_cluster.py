@@ -98,7 +98,7 @@ def submit_tune(
     spark_args: tuple[str, ...] = (),
     timeout: float | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """The README's spark-submit line for the tuning job: the driver on this Python, the executors
+    """docs/tuning.md's spark-submit line for the tuning job: the driver on this Python, the executors
     on ``executor``, from ``cwd``, with no PYTHONPATH. spark-submit passes the Python driver's
     stderr to its stdout, so the job's own lines are in ``stdout`` (Spark's log is dropped)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON")}

@@ -39,39 +39,50 @@ def _host_port(value: str) -> tuple[str, int]:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Each field's docstring is its description (docs/config.md is generated from them).
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class AdminConfig(Strict):
+    """The admin HTTP server: metrics, health, readiness, the quota endpoints."""
+
     host: str = "127.0.0.1"
+    """Address the admin server listens on: loopback only by default (the chart sets 0.0.0.0)."""
     port: int = Field(9644, ge=0, le=65535)
+    """Port of the admin server (0: any free port, reported in the ready file)."""
     enabled: bool = True
-    # State-changing endpoints need ``Authorization: Bearer <the file's contents>``; the file is
-    # read at start and again whenever it changes. Without it they are refused, unless
-    # allow_unauthenticated_changes says otherwise.
+    """Run the admin server at all."""
     token_file: Path | None = None
+    """State-changing endpoints need ``Authorization: Bearer <the file's contents>``; the file is
+    read at start and again whenever it changes (its path itself needs a restart). Without it they
+    are refused, unless allow_unauthenticated_changes says otherwise."""
     allow_unauthenticated_changes: bool = False
+    """Allow state-changing endpoints without a token_file (anyone who reaches the port may
+    change quotas)."""
 
 
 class QuotaApiConfig(Strict):
     """Kafka's client-quota Admin API (DescribeClientQuotas, AlterClientQuotas; KIP-546)."""
 
-    # proxy: answered by the proxy from the quotas it enforces; forward: passed to the brokers
-    # untouched; both: applied by the proxy and forwarded, the broker's answer returned.
     mode: Literal["proxy", "forward", "both"] = "forward"
-    # Principals allowed to alter ("User:alice"; "User:*" for everyone); others get
-    # CLUSTER_AUTHORIZATION_FAILED per entry.
+    """proxy: answered by the proxy from the quotas it enforces; forward: passed to the brokers
+    untouched; both: applied by the proxy and forwarded, the broker's answer returned. A change
+    takes effect at restart."""
     admins: list[str] = Field(default_factory=list)
-    # Principals allowed to describe; None: everyone.
+    """Principals allowed to alter ("User:alice"; "User:*" for everyone); others get
+    CLUSTER_AUTHORIZATION_FAILED per entry. Changes on reload."""
     describers: list[str] | None = None
+    """Principals allowed to describe; null: everyone. Changes on reload."""
     topic: str = Field("__kthrottle_quotas", pattern=r"^[A-Za-z0-9._-]{1,249}$")
-    # How long an alteration waits for this instance to have read the topic to its end (its
-    # value is the entity's whole overlay, so it must start from the latest one).
+    """The compacted topic that stores the alterations (created at start if missing). A change
+    takes effect at restart."""
     catch_up_timeout_seconds: float = Field(10.0, gt=0, le=300)
-    # At start, how long the listeners wait for the store to be read (0: not at all): clients are
-    # then served with the alterations already in force. Past it the proxy starts with the file's
-    # quotas and applies the alterations as it reads them.
+    """How long an alteration waits for this instance to have read the topic to its end (its
+    value is the entity's whole overlay, so it must start from the latest one)."""
     start_wait_seconds: float = Field(5.0, ge=0, le=300)
+    """At start, how long the listeners wait for the store to be read (0: not at all): clients are
+    then served with the alterations already in force. Past it the proxy starts with the file's
+    quotas and applies the alterations as it reads them."""
 
     @field_validator("admins", "describers")
     @classmethod
@@ -92,13 +103,21 @@ class TlsFiles(Strict):
     """
 
     enabled: bool = False
+    """Use TLS on this side."""
     certfile: Path | None = None
+    """PEM: this side's own certificate (chain); give keyfile with it."""
     keyfile: Path | None = None
-    # Password of an encrypted keyfile, kept in a file of its own (never in the config).
+    """PEM: the key of certfile."""
     key_password_file: Path | None = None
+    """Password of an encrypted keyfile, kept in a file of its own (never in the config)."""
     cafile: Path | None = None
+    """PEM: the CA certificates trusted (of client certificates on a listener, of the brokers
+    upstream; upstream without it, the system's CAs)."""
     min_version: Literal["TLSv1.2", "TLSv1.3"] = "TLSv1.2"
+    """The oldest TLS version accepted."""
     reload_check_seconds: float = Field(5.0, gt=0, le=3600)
+    """The certificate, key and CA files are looked at again at most this often, and reloaded
+    when they change on disk."""
 
     @model_validator(mode="after")
     def _pair(self) -> TlsFiles:
@@ -116,7 +135,11 @@ class ListenerTls(TlsFiles):
     """
 
     client_auth: Literal["none", "requested", "required"] = "none"
+    """Client certificates: not asked for, asked for, or required (Kafka's ssl.client.auth);
+    requested or required need cafile."""
     principal_mapping_rules: list[str] = Field(default_factory=lambda: list(DEFAULT_RULES))
+    """Kafka's ssl.principal.mapping.rules, one rule per item, applied in order to the
+    certificate's subject (RFC 2253, as Java prints it); a subject no rule maps is refused."""
 
     @model_validator(mode="after")
     def _listener(self) -> ListenerTls:
@@ -135,6 +158,7 @@ class UpstreamTls(TlsFiles):
     client certificates, the proxy's own."""
 
     check_hostname: bool = True
+    """Check that a broker's certificate names the host the proxy connected to."""
 
 
 class SniConfig(Strict):
@@ -145,9 +169,13 @@ class SniConfig(Strict):
     """
 
     enabled: bool = False
+    """Route by TLS server name (needs tls.enabled)."""
     bootstrap_host: str = ""
+    """The name clients bootstrap with; a client that sends no server name is taken there too."""
     broker_host_template: str = ""
+    """The name of each broker, with {node_id} once, e.g. b{node_id}.kafka.example.com."""
     advertised_port: int | None = Field(None, gt=0, le=65535)
+    """The port clients are told (a load balancer's, say); null: the bootstrap port."""
 
     @model_validator(mode="after")
     def _names(self) -> SniConfig:
@@ -181,10 +209,16 @@ class GatewayConfig(Strict):
     """A bootstrap port plus one port per broker node (a fixed map, else base_port + node_id)."""
 
     bootstrap_port: int = Field(9092, ge=0, le=65535)
+    """The port clients bootstrap from; its connections go to the first reachable
+    upstream_bootstrap broker (with sni, the one TLS port of every broker)."""
     broker_port_base: int | None = Field(9100, ge=0, le=65535)
+    """Broker node N is reachable at this port + N, unless broker_ports names its port."""
     broker_ports: dict[int, int] = Field(default_factory=dict)
+    """Ports given explicitly, by node id, e.g. {1: 19001}."""
     upstream_bootstrap: list[str] = Field(min_length=1)
+    """The brokers' addresses (host:port) the proxy discovers the cluster from."""
     sni: SniConfig = Field(default_factory=SniConfig)
+    """Route by TLS server name on the bootstrap port instead of a port per broker."""
 
     @field_validator("upstream_bootstrap")
     @classmethod
@@ -215,9 +249,12 @@ class SidecarConfig(Strict):
     """One listener in front of the broker in the same pod."""
 
     listen_port: int = Field(9092, ge=0, le=65535)
+    """The port clients connect to."""
     upstream: str = "127.0.0.1:9093"
-    # Host clients are told for this broker; None keeps the host the broker advertises.
+    """The broker's listener (host:port) the proxy forwards to."""
     advertised_host: str | None = None
+    """Host clients are told for this broker; null keeps the host the broker advertises and
+    replaces only the port."""
 
     @field_validator("upstream")
     @classmethod
@@ -230,9 +267,13 @@ class UpstreamSasl(Strict):
     """The proxy's own login, for its broker discovery when the upstream listener needs SASL."""
 
     mechanism: Literal["PLAIN"] = "PLAIN"
+    """The SASL mechanism (PLAIN only)."""
     username: str = Field(min_length=1)
+    """The proxy's own user name."""
     password: str | None = None
+    """Its password, inline; give exactly one of password and password_file."""
     password_file: Path | None = None
+    """A file holding its password (surrounding white space ignored)."""
 
     @model_validator(mode="after")
     def _one_password(self) -> UpstreamSasl:
@@ -258,18 +299,28 @@ class CaptureKafkaConfig(Strict):
     """
 
     topic: str = Field("__kthrottle_capture", pattern=r"^[A-Za-z0-9._-]{1,249}$")
-    # Default: the proxy's upstream brokers (gateway.upstream_bootstrap, or sidecar.upstream).
+    """The capture topic."""
     bootstrap_servers: list[str] | None = Field(None, min_length=1)
-    create_topic: bool = True  # created at start when missing (cleanup.policy=delete)
+    """Where the producer connects; null: the proxy's upstream brokers (gateway.upstream_bootstrap,
+    or sidecar.upstream). The proxy's own listener is refused."""
+    create_topic: bool = True
+    """Create the topic at start when missing (cleanup.policy=delete)."""
     partitions: int = Field(3, ge=1, le=100_000)
-    replication_factor: int = Field(-1, ge=-1, le=32767)  # -1: the brokers' default.replication.factor
-    retention_ms: int = Field(7 * 86400 * 1000, ge=-1)  # -1: keep forever
-    compression: Literal["zstd", "gzip", "lz4", "snappy", "none"] | None = None  # None: zstd, else gzip
-    # Bytes handed to the producer and not yet acknowledged; past this, records are dropped.
+    """Partitions of the topic, for create_topic."""
+    replication_factor: int = Field(-1, ge=-1, le=32767)
+    """Replication factor of the topic, for create_topic; -1: the brokers' default.replication.factor."""
+    retention_ms: int = Field(7 * 86400 * 1000, ge=-1)
+    """retention.ms of the topic, for create_topic (7 days); -1: keep forever."""
+    compression: Literal["zstd", "gzip", "lz4", "snappy", "none"] | None = None
+    """The producer's compression; null: zstd if its Python package is installed, else gzip."""
     buffer_bytes: int = Field(32 * 1024 * 1024, ge=64 * 1024, le=2**31)
+    """Bytes handed to the producer and not yet acknowledged; past this, records are dropped."""
     linger_ms: int = Field(100, ge=0, le=10_000)
-    delivery_timeout_ms: int = Field(30_000, ge=1000, le=600_000)  # a record not acked by then failed
-    close_timeout_seconds: float = Field(5.0, ge=0, le=120)  # flush on shutdown, at most this long
+    """The producer's linger.ms."""
+    delivery_timeout_ms: int = Field(30_000, ge=1000, le=600_000)
+    """A record not acknowledged by then counts as a write error; at least linger_ms + 1000."""
+    close_timeout_seconds: float = Field(5.0, ge=0, le=120)
+    """Flush on shutdown, at most this long."""
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -301,17 +352,31 @@ class CaptureConfig(Strict):
     or (``sink: kafka``) to a Kafka topic."""
 
     enabled: bool = False
+    """Capture a record of every request (files need pyarrow: kthrottle[capture])."""
     sink: Literal["files", "kafka"] = "files"
+    """Where records go: rolling Parquet files, or a Kafka topic (capture.kafka)."""
     kafka: CaptureKafkaConfig = Field(default_factory=CaptureKafkaConfig)
+    """The Kafka sink's settings (sink: kafka)."""
     directory: Path = Path("capture")
-    instance: str | None = None  # names this proxy in the records and file names; default: host name
+    """Directory of the capture files (relative: to the proxy's working directory)."""
+    instance: str | None = None
+    """Names this proxy in the records and file names (and is the Kafka sink's message key);
+    null: the host name."""
     max_file_bytes: int = Field(128 * 1024 * 1024, ge=64 * 1024, le=2**40)
+    """A file is closed at this size..."""
     max_file_seconds: float = Field(300.0, ge=1, le=86400)
-    retention_files: int = Field(288, ge=1, le=1_000_000)  # completed files kept, oldest deleted first
-    retention_seconds: float | None = Field(7 * 86400.0, gt=0)  # and none older than this
-    queue_records: int = Field(200_000, ge=1000, le=10_000_000)  # past this, records are dropped
-    batch_records: int = Field(8192, ge=16, le=1_000_000)  # records a Parquet row group holds
+    """...or this age, whichever comes first."""
+    retention_files: int = Field(288, ge=1, le=1_000_000)
+    """Completed files kept, oldest deleted first."""
+    retention_seconds: float | None = Field(7 * 86400.0, gt=0)
+    """And none older than this; null: no age limit."""
+    queue_records: int = Field(200_000, ge=1000, le=10_000_000)
+    """Records waiting for the writer; past this they are dropped and counted (traffic is never
+    slowed)."""
+    batch_records: int = Field(8192, ge=16, le=1_000_000)
+    """Records a Parquet row group holds: rows are gathered until then before they are written."""
     flush_seconds: float = Field(1.0, gt=0, le=60)
+    """The writer thread wakes at least this often to write what is queued."""
 
     @model_validator(mode="after")
     def _files_need_pyarrow(self) -> CaptureConfig:
@@ -336,12 +401,20 @@ class ExchangeConfig(Strict):
     """The proxy's own Kafka client for state shared between proxy instances (compacted topics):
     it connects to the brokers directly, never through a proxy, so it is never throttled."""
 
-    bootstrap_servers: list[str] | None = None  # default: the upstream addresses
+    bootstrap_servers: list[str] | None = None
+    """Where the exchange client connects (host:port); null: the upstream addresses."""
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] | None = None
+    """Kafka's security.protocol; null: from upstream_tls and upstream_sasl. SASL logs in with
+    upstream_sasl."""
     ssl_cafile: Path | None = None
-    ssl_certfile: Path | None = None  # client certificate (mTLS)
+    """PEM: the CA that signed the brokers' certificates."""
+    ssl_certfile: Path | None = None
+    """PEM: the client certificate (mTLS); give ssl_keyfile with it."""
     ssl_keyfile: Path | None = None
+    """PEM: the key of ssl_certfile."""
     request_timeout_seconds: float = Field(10.0, gt=0, le=300)
+    """The exchange client's request timeout; also how long a cluster-wide mutation waits to be
+    read back from the exchange before this replica decides it on its own part of the quota."""
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -363,29 +436,40 @@ class ClusterQuotaConfig(Strict):
     sets it for more than one replica) or when an entity asks for ``scope: cluster``."""
 
     enabled: bool = False
-    # How many replicas share the quotas: while the exchange cannot be trusted before it has
-    # told how many are live, each holds quota / replicas (the chart: gateway.replicas, or the
-    # autoscaler's maxReplicas).
+    """Run the exchange: every quota (unless its entity says scope: instance) holds once across the
+    replicas. The chart sets it for more than one gateway replica; a reload that turns it on starts
+    the exchange on the running proxy."""
     replicas: int = Field(1, ge=1, le=10_000, validation_alias=AliasChoices("replicas", "assumed_instances"))
+    """How many replicas share the quotas: while the exchange cannot be trusted before it has
+    told how many are live, each holds quota / replicas (the chart: gateway.replicas, or the
+    autoscaler's maxReplicas)."""
     topic: str = Field("__kthrottle_cluster_usage", pattern=r"^[A-Za-z0-9._-]{1,249}$")
-    instance: str | None = None  # unique per replica; default: host name, process id, random suffix
-    # Where the other replicas reach this one's admin port to ask whether it is alive when its
-    # reports stop; default: $KTHROTTLE_POD_IP (the chart sets it), else the host name's address.
+    """The exchange topic, on the cluster the gateway fronts (no new server to run). A change takes
+    effect at restart."""
+    instance: str | None = None
+    """Unique per replica; null: host name, process id, random suffix. A change takes effect at
+    restart."""
     peer_host: str | None = None
-    # Usage of the buckets under pressure (throttled, half their burst gone, or given out here
-    # faster than the others are told) goes out this often; a report (empty if need be) at least
-    # every publish_interval_seconds, the heartbeat the staleness is judged on; every bucket's
-    # usage at least every full_interval_seconds (far from its quota, a bucket's usage can wait:
-    # at 10,000 client ids the full report is most of the exchange's cost).
+    """Where the other replicas reach this one's admin port to ask whether it is alive when its
+    reports stop; null: $KTHROTTLE_POD_IP (the chart sets it), else the host name's address."""
     hot_interval_seconds: float = Field(0.25, gt=0, le=10)
+    """Usage of the buckets under pressure (throttled, half their burst gone, or given out here
+    faster than the others are told) goes out this often; at most publish_interval_seconds."""
     publish_interval_seconds: float = Field(2.0, gt=0, le=60)
+    """A report (empty if need be) at least this often: the heartbeat the staleness is judged on."""
     full_interval_seconds: float = Field(10.0, gt=0, le=600)
-    # A replica not heard from for this long (this one: its own report not read back) no longer
-    # counts as sharing through the exchange: the fallback applies.
+    """Every bucket's usage at least this often (far from its quota, a bucket's usage can wait: at
+    10,000 client ids the full report is most of the exchange's cost); at least
+    publish_interval_seconds."""
     staleness_seconds: float = Field(5.0, gt=0, le=3600)
-    # A silent replica that cannot be reached at all is taken as gone after this long.
+    """A replica not heard from for this long (this one: its own report not read back) no longer
+    counts as sharing through the exchange: it is asked whether it is alive, and the fallback
+    applies. More than twice publish_interval_seconds."""
     peer_grace_seconds: float = Field(30.0, gt=0, le=3600)
+    """A silent replica that cannot be reached at all is taken as gone after this long; at least
+    staleness_seconds."""
     retention_seconds: float = Field(600.0, ge=60, le=7 * 86400)
+    """retention.ms of the exchange topic (its segments roll at a quarter of it)."""
 
     @model_validator(mode="after")
     def _intervals(self) -> ClusterQuotaConfig:
@@ -411,12 +495,13 @@ class ProxyProtocolConfig(Strict):
     valid header, or from an address outside ``trusted_sources``, is refused. Off by default.
     """
 
-    # bootstrap: the gateway's bootstrap port (with gateway.sni, the one TLS port of all
-    # brokers); brokers: every per-broker port; sidecar: the sidecar's port; all: every one.
     listeners: list[ProxyProtocolListener] = Field(default_factory=list)
-    # Addresses (CIDR, or single addresses) of the load balancers allowed to connect and send a
-    # header: a header from anywhere else would let a client name any address it likes.
+    """The listeners that require the header. bootstrap: the gateway's bootstrap port (with
+    gateway.sni, the one TLS port of all brokers); brokers: every per-broker port; sidecar: the
+    sidecar's port; all: every one."""
     trusted_sources: list[str] = Field(default_factory=list)
+    """Addresses (CIDR, or single addresses) of the load balancers allowed to connect and send a
+    header: a header from anywhere else would let a client name any address it likes."""
 
     @field_validator("listeners")
     @classmethod
@@ -459,36 +544,63 @@ class ProxyProtocolConfig(Strict):
 
 
 class ProxyConfig(Strict):
+    """The whole config file (``kthrottle.yaml``)."""
+
     mode: Literal["gateway", "sidecar"] = "gateway"
+    """gateway: in front of the whole cluster (needs the gateway section); sidecar: in front of one
+    broker (needs the sidecar section)."""
     bind_host: str = "127.0.0.1"
+    """Address the client listeners bind to (0.0.0.0: all)."""
     advertised_host: str = "127.0.0.1"
+    """The host clients are told to connect to (Metadata, FindCoordinator, ...), in gateway mode."""
     gateway: GatewayConfig | None = None
+    """The gateway's listeners and upstream brokers (mode gateway)."""
     sidecar: SidecarConfig | None = None
+    """The sidecar's listener and broker (mode sidecar)."""
     max_frame_bytes: int = Field(DEFAULT_MAX_FRAME_BYTES, ge=1024, le=2**31 - 1)
+    """A frame whose size prefix is larger closes its connection; like the broker's
+    socket.request.max.bytes."""
     connect_timeout_seconds: float = Field(10.0, gt=0, le=300)
-    # A request frame still incomplete this long after its first byte closes the connection (a
-    # slowloris). Real clients write a frame at once, and their own request.timeout.ms (30 s by
-    # default, sending included) gives up first. Time spent muted by a throttle does not count.
-    # null: no deadline (the broker's connections.max.idle.ms still closes a silent one).
+    """Connecting to a broker gives up after this long; also the time a PROXY protocol header has
+    to arrive."""
     client_frame_timeout_seconds: float | None = Field(60.0, gt=0, le=3600)
+    """A request frame still incomplete this long after its first byte closes the connection (a
+    slowloris). Real clients write a frame at once, and their own request.timeout.ms (30 s by
+    default, sending included) gives up first. Time spent muted by a throttle does not count.
+    null: no deadline (the broker's connections.max.idle.ms still closes a silent one)."""
     drain_seconds: float = Field(10.0, ge=0, le=600)
+    """On SIGTERM: stop accepting, let in-flight requests finish for at most this long."""
     metadata_refresh_seconds: float = Field(30.0, gt=0, le=3600)
+    """How often the proxy asks the brokers for the cluster's brokers (every second until one
+    answers)."""
     admin: AdminConfig = Field(default_factory=AdminConfig)
+    """The admin HTTP server."""
     tls: ListenerTls = Field(default_factory=ListenerTls)
+    """TLS on the client-facing listeners."""
     upstream_tls: UpstreamTls = Field(default_factory=UpstreamTls)
+    """TLS on every connection the proxy makes to a broker."""
     upstream_sasl: UpstreamSasl | None = None
-    # The PROXY protocol on client listeners behind a load balancer (off unless listeners are named).
+    """The proxy's own SASL login to the brokers (discovery, the exchanges, the Kafka capture
+    sink); client connections keep their own SASL exchange, which the proxy forwards."""
     proxy_protocol: ProxyProtocolConfig = Field(default_factory=ProxyProtocolConfig)
+    """The PROXY protocol on client listeners behind a load balancer (off unless listeners are named)."""
     quotas: QuotaConfig = Field(default_factory=QuotaConfig)
-    # Quotas kept in a file of their own (``quotas:`` at its top, as `kthrottle tune` writes it),
-    # reloaded like the main file; relative to the main config file's directory.
+    """The quotas, inline; or in quotas_file, not both."""
     quotas_file: Path | None = None
+    """Quotas kept in a file of their own (``quotas:`` at its top, as `kthrottle tune` writes it),
+    reloaded like the main file; relative to the main config file's directory."""
     capture: CaptureConfig = Field(default_factory=CaptureConfig)
+    """Traffic capture, the tuning job's input."""
     exchange: ExchangeConfig = Field(default_factory=ExchangeConfig)
+    """The proxy's own Kafka client for the topics proxy instances share."""
     volume: VolumeConfig = Field(default_factory=VolumeConfig)
+    """Cluster-wide disk volume limits (the Strimzi proposal)."""
     cluster_quotas: ClusterQuotaConfig = Field(default_factory=ClusterQuotaConfig)
+    """One quota across gateway replicas."""
     quota_api: QuotaApiConfig = Field(default_factory=QuotaApiConfig)
+    """Kafka's client-quota Admin API (KIP-546)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """The log level; changes on reload."""
 
     @field_validator("proxy_protocol")
     @classmethod
@@ -609,7 +721,10 @@ def parse_config(text: str, source: str = "<config>") -> ProxyConfig:
 
 
 class _QuotasFile(Strict):
+    """A quotas file (``quotas_file``): the quota section alone."""
+
     quotas: QuotaConfig
+    """The quotas, with the same keys as the main file's quotas section."""
 
 
 def _validated(model: type[M], text: str, source: str) -> M:

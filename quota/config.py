@@ -48,23 +48,33 @@ Rate = float
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # Each field's docstring is its description (docs/config.md is generated from them).
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, use_attribute_docstrings=True
+    )
 
 
 class ClientQuotas(_Strict):
     """Quota values for one entity; unset means 'no quota of this kind at this level'."""
 
     producer_byte_rate: Rate | None = Field(None, gt=0)
+    """Bytes per second of Produce requests (KIP-13), header and body."""
     consumer_byte_rate: Rate | None = Field(None, gt=0)
+    """Bytes per second of Fetch responses (KIP-13)."""
     request_percentage: Rate | None = Field(None, gt=0)
+    """Percent of one broker thread's time (KIP-124); the proxy charges the time the broker had
+    each request to itself."""
     controller_mutation_rate: Rate | None = Field(None, gt=0)
+    """Partitions created or deleted per second (KIP-599), a token bucket whose burst is
+    controller_window.num x size x rate."""
     producer_ids_rate: Rate | None = Field(None, gt=0)
-    # Where the entity's byte rates, controller_mutation_rate and producer_ids_rate hold, when
-    # the gateway runs as several replicas. cluster: once across all replicas (the usage goes
-    # through the cluster-quota exchange); instance: each replica alone (N replicas allow N
-    # times the quota). Unset: cluster when the exchange runs (cluster_quotas.enabled), else
-    # instance. request_percentage and connection_creation_rate always hold per replica.
+    """New producer ids per second (KIP-936); on a user or the <default> user only."""
     scope: Literal["instance", "cluster"] | None = None
+    """Where the entity's byte rates, controller_mutation_rate and producer_ids_rate hold, when
+    the gateway runs as several replicas. cluster: once across all replicas (the usage goes
+    through the cluster-quota exchange); instance: each replica alone (N replicas allow N
+    times the quota). Unset: cluster when the exchange runs (cluster_quotas.enabled), else
+    instance. request_percentage and connection_creation_rate always hold per replica."""
 
     @model_validator(mode="after")
     def _scope_of_shared_quotas(self) -> ClientQuotas:
@@ -87,33 +97,50 @@ class ClientQuotas(_Strict):
 
 
 class UserQuotas(ClientQuotas):
+    """A user's quotas, and those of its clients (the (user, client-id) levels)."""
+
     clients: dict[str, ClientQuotas] = Field(default_factory=dict)
+    """Quotas of (this user, client id) pairs, by client id (<default>: the user's other clients)."""
 
 
 class TopicQuotas(_Strict):
+    """A topic's quotas: a rate for each of its partitions (KIP-1010)."""
+
     producer_byte_rate: Rate | None = Field(None, gt=0, alias=TOPIC_PRODUCER_BYTE_RATE)
+    """Bytes per second produced to each partition of the topic."""
     consumer_byte_rate: Rate | None = Field(None, gt=0, alias=TOPIC_CONSUMER_BYTE_RATE)
-    # As ClientQuotas.scope: each partition's quota once across the gateway's replicas, or per
-    # replica (instance).
+    """Bytes per second fetched from each partition of the topic."""
     scope: Literal["instance", "cluster"] | None = None
+    """As a client's scope: each partition's quota once across the gateway's replicas (cluster),
+    or per replica (instance)."""
 
 
 class WindowConfig(_Strict):
+    """A sampled window: num samples of size_seconds each."""
+
     num: int = Field(11, ge=1, le=1000)
+    """Number of samples (Kafka's *.window.num)."""
     size_seconds: float = Field(1.0, gt=0, le=3600)
+    """Length of one sample (Kafka's *.window.size.seconds)."""
 
     def quota_window(self) -> QuotaWindow:
         return QuotaWindow(self.num, self.size_seconds * 1000.0)
 
 
 class IpQuotas(_Strict):
+    """A client IP's quota (KIP-612)."""
+
     connection_creation_rate: Rate | None = Field(None, gt=0)
+    """New connections per second from this IP; one over it is accepted, never read from, and
+    closed after the throttle time."""
 
 
 class MutationOptions(_Strict):
-    # Kafka's KRaft controller charges validateOnly CreateTopics/CreatePartitions (KIP-599 said
-    # it would not); true follows the broker, false follows the KIP.
+    """How controller mutations are charged (KIP-599)."""
+
     charge_validate_only: bool = True
+    """Kafka's KRaft controller charges validateOnly CreateTopics/CreatePartitions (KIP-599 said
+    it would not); true follows the broker, false follows the KIP."""
 
 
 def _producer_id_window() -> WindowConfig:
@@ -121,43 +148,62 @@ def _producer_id_window() -> WindowConfig:
 
 
 class ProducerIdOptions(_Strict):
+    """How new producer ids are tracked per user (KIP-936)."""
+
     window: WindowConfig = Field(default_factory=_producer_id_window)
+    """producer.id.quota.window.* (KIP-936's defaults: 11 samples of an hour); a user's bloom
+    filters turn over every half window."""
     false_positive_rate: float = Field(0.001, gt=0, lt=0.5)
+    """The bloom filters' false positive rate (a new id taken for a known one)."""
     max_bytes_per_user: int = Field(131072, ge=256, le=64 * 1024 * 1024)
-    # steady: a user's new ids are paid into a token bucket at the quota (holding the window's
-    # burst), and an InitProducerId is charged for the id it hands out, so producers started
-    # together are spaced out at the quota; kafka: KIP-936's windowed rate, charged at Produce.
+    """Both bloom filters of one user together; past their capacity more new ids look known."""
     shaping: Literal["steady", "kafka"] = "steady"
+    """steady: a user's new ids are paid into a token bucket at the quota (holding the window's
+    burst), and an InitProducerId is charged for the id it hands out, so producers started
+    together are spaced out at the quota; kafka: KIP-936's windowed rate, charged at Produce."""
 
 
 class QuotaConfig(_Strict):
+    """The quotas, with Kafka's entity levels and key names; reloaded live."""
+
     window: WindowConfig = Field(default_factory=WindowConfig)
+    """The byte rates' and request time's window (quota.window.num / quota.window.size.seconds)."""
     controller_window: WindowConfig = Field(default_factory=WindowConfig)
+    """controller.quota.window.*: a mutation bucket's burst is num x size x rate."""
     mutations: MutationOptions = Field(default_factory=MutationOptions)
+    """How controller mutations are charged."""
     producer_ids: ProducerIdOptions = Field(default_factory=ProducerIdOptions)
+    """How new producer ids are tracked per user."""
     ips: dict[str, IpQuotas] = Field(default_factory=dict)
+    """KIP-612 connection_creation_rate per client IP: the exact address before <default>."""
     dry_run: bool = False
-    # How a producer over producer_byte_rate is throttled. steady: the client throttle is the time
-    # a token bucket at the quota (holding Kafka's burst of quota x (num - 1) x size) needs to pay
-    # back what the entity took, so no burst is forgotten when a window sample expires; kafka: as
-    # a broker does, (rate - quota) / quota x window over the sampled window.
+    """Compute, count and log throttles, apply none."""
     produce_shaping: Literal["steady", "kafka"] = "steady"
-    # How a consumer over consumer_byte_rate is held. steady: each Fetch is sized to what the
-    # entity may take now (the same token bucket) and its bytes are delivered with the throttle
-    # they cost; kafka: as a broker does, a fetch is capped at quota x (num - 1) x size and one
-    # that goes over is answered empty.
+    """How a producer over producer_byte_rate is throttled. steady: the client throttle is the time
+    a token bucket at the quota (holding Kafka's burst of quota x (num - 1) x size) needs to pay
+    back what the entity took, so no burst is forgotten when a window sample expires; kafka: as
+    a broker does, (rate - quota) / quota x window over the sampled window."""
     fetch_shaping: Literal["steady", "kafka"] = "steady"
-    # An entity throttled on one connection has its other connections' next Produce/Fetch held
-    # until the throttle has passed (one quota across connections and brokers, at every moment
-    # rather than on average).
+    """How a consumer over consumer_byte_rate is held. steady: each Fetch is sized to what the
+    entity may take now (the same token bucket) and its bytes are delivered with the throttle
+    they cost; kafka: as a broker does, a fetch is capped at quota x (num - 1) x size and one
+    that goes over is answered empty."""
     hold_across_connections: bool = True
+    """An entity throttled on one connection has its other connections' next Produce/Fetch held
+    until the throttle has passed (one quota across connections and brokers, at every moment
+    rather than on average)."""
     users: dict[str, UserQuotas] = Field(default_factory=dict)
+    """Quotas by user (the SASL or TLS principal; ANONYMOUS without either), <default> for every
+    other user: /config/users/<user>."""
     clients: dict[str, ClientQuotas] = Field(default_factory=dict)
+    """Quotas by client id, <default> for every other client id: /config/clients/<client-id>."""
     topics: dict[str, TopicQuotas] = Field(default_factory=dict)
-    # Entity and partition state unused this long is dropped (Kafka: one hour).
+    """Quotas by topic, a rate per partition (KIP-1010), <default> for every other topic."""
     idle_expiry_seconds: float = Field(3600.0, gt=0)
-    # Per-entity and per-partition metric series; the rest are summed under "__other__".
+    """Entity and partition state unused this long is dropped (Kafka: one hour)."""
     metrics_max_series: int = Field(500, ge=1, le=100_000)
+    """Per-entity and per-partition metric series (the busiest by rate); the rest are summed
+    under "__other__"."""
 
     @model_validator(mode="after")
     def _producer_ids_per_user_only(self) -> QuotaConfig:

@@ -40,15 +40,20 @@ _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 
 class _Strict(BaseModel):
-    # As quota/config.py's: unknown keys are errors, the parsed config is immutable.
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # As quota/config.py's: unknown keys are errors, the parsed config is immutable, and each
+    # field's docstring is its description (docs/config.md is generated from them).
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, use_attribute_docstrings=True
+    )
 
 
 class LimitConfig(_Strict):
     """One limit: its type and the value at which it is reached."""
 
     type: LimitType
+    """ConsumedSpace (bytes used), MinFreeBytes, or MinFreePercentage (of the volume's capacity)."""
     value: int | float = Field(gt=0)
+    """Bytes (a whole number), or for MinFreePercentage a percentage between 0 and 100."""
 
     @field_validator("value", mode="before")
     @classmethod
@@ -103,7 +108,9 @@ class VolumeOverrideConfig(_Strict):
     """A volume's own limits; the one not given is the broker-wide one."""
 
     soft_limit: LimitConfig | None = None
+    """This volume's soft limit; null: the broker-wide one."""
     hard_limit: LimitConfig | None = None
+    """This volume's hard limit; null: the broker-wide one."""
 
     @model_validator(mode="after")
     def _something(self) -> VolumeOverrideConfig:
@@ -121,10 +128,16 @@ class VolumeSourceConfig(_Strict):
     """
 
     type: Literal["describe_log_dirs", "statvfs"] = "describe_log_dirs"
+    """describe_log_dirs: ask every broker (DescribeLogDirs v4, KIP-827; gateway); statvfs: the
+    file systems of the log dirs mounted here (sidecar)."""
     publish: bool = True
+    """false: this proxy is a reader only (other instances publish)."""
     log_dirs: list[str] = Field(default_factory=list)
+    """statvfs: the mounted log dirs to measure (absolute paths)."""
     broker_id: int | None = Field(None, ge=0)
+    """statvfs: the broker whose log dirs these are."""
     brokers: list[int] | None = None
+    """describe_log_dirs: publish for these broker ids only; null: every live broker."""
 
     @field_validator("log_dirs")
     @classmethod
@@ -151,20 +164,37 @@ class VolumeSourceConfig(_Strict):
 
 
 class VolumeConfig(_Strict):
+    """Cluster-wide disk volume limits: produce is throttled past a soft limit and paused at a
+    hard one, on every proxy alike, from the usage every publisher shares through a topic."""
+
     enabled: bool = False
+    """Measure, publish and enforce the volume limits. A change takes effect at restart."""
     topic: str = DEFAULT_TOPIC
+    """The compacted usage topic, keyed by broker id (a Kafka topic name). A change takes effect
+    at restart."""
     publish_interval_seconds: float = Field(10.0, gt=0, le=3600)
+    """Usage is measured and published on start, then this often."""
     staleness_seconds: float = Field(60.0, gt=0, le=86400)
+    """Snapshots older than this are ignored; longer than publish_interval_seconds."""
     fail_safe: FailSafe = FailSafe.PAUSE
+    """The state while a live broker's usage is unknown (missing, stale, undecodable, or stamped in
+    the future): pause, or open."""
     max_throttle_delay_ms: int = Field(5000, ge=1, le=600_000)
+    """The produce delay at the hard limit; it grows linearly from 0 at the soft limit."""
     soft_limit: LimitConfig = Field(default_factory=_default_soft)
+    """Past it, every produce request is throttled (THROTTLE)."""
     hard_limit: LimitConfig = Field(default_factory=_default_hard)
+    """At or past it, produce requests are parked (PAUSE); stricter than soft_limit."""
     volumes: dict[str, VolumeOverrideConfig] = Field(default_factory=dict)
+    """Per-volume limits, by volume (log dir) name."""
     source: VolumeSourceConfig = Field(default_factory=VolumeSourceConfig)
-    # PAUSE parks produce requests (never forwarded while paused); memory for them is bounded,
-    # and one parked longer than max_park_ms is answered with a retriable error instead.
+    """Where usage is measured. A change takes effect at restart."""
     max_parked_bytes: int = Field(64 * 1024 * 1024, ge=0, le=2**40)
+    """PAUSE parks produce requests (never forwarded while paused); memory for all of them is
+    bounded by this, and past it a request is answered with a retriable error instead."""
     max_park_ms: int = Field(20_000, ge=0, le=600_000)
+    """A request parked longer than this is answered with the retriable NOT_ENOUGH_REPLICAS and a
+    throttle time."""
 
     @field_validator("topic")
     @classmethod

@@ -204,7 +204,7 @@ def test_one_consumer_spread_over_three_replicas_is_held_to_one_quota(
         marks.append((time.monotonic() - start, got))
     consumer.close()
     # The last 10 s of 30: the first fetches reach the three replicas at once, and before their
-    # reports cross they can give out up to about three bursts (README, "One quota across gateway
+    # reports cross they can give out up to about three bursts (docs/quotas.md, "One quota across gateway
     # replicas"), paid back by throttling until 10-13 s in on a loaded machine (CI: 29 MiB at once).
     # The slope of a least-squares line through what had arrived (answers come in lumps of up to
     # three at once: two points would read where the lumps fall).
@@ -462,7 +462,7 @@ def test_a_replica_cut_off_from_the_exchange_keeps_its_part_and_the_sum_holds(
     assert rate <= 1.05 * QUOTA, rate / QUOTA
     # The parts are even, whatever share of the client's traffic each replica carries: a
     # client with more of its connections on the replica cut off gets less than its quota
-    # meanwhile (README: "When the exchange is not there"), but is served.
+    # meanwhile (docs/quotas.md: "When the exchange is not there"), but is served.
     assert rate >= 0.25 * QUOTA, (rate / QUOTA, gateway.logs())
     assert ready["ready"] is True and ready["cluster_quotas"]["fallback"] is True, ready
     assert "have not come back" in ready["cluster_quotas"]["reason"], ready

@@ -215,7 +215,7 @@ def test_replay_matches_live_throttle(kafka_broker: KafkaCluster, tmp_path: Path
 
 @pytest.mark.timeout(300)
 def test_spark_submit_on_a_standalone_cluster(tuned: Tuned, tmp_path: Path) -> None:
-    """The README's spark-submit line, run from a directory outside the checkout with no
+    """docs/tuning.md's spark-submit line, run from a directory outside the checkout with no
     PYTHONPATH, on a real standalone master and worker whose Python has pyspark's own
     dependencies and nothing of this project: the job ships its packages to the executors, the
     replay runs there, and the proposal is the one local[*] made."""
