@@ -23,6 +23,7 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -145,18 +146,24 @@ SERVICES = (
 )
 
 
-def _actors(rng: np.random.Generator) -> tuple[list[_Actor], dict[str, int], dict[str, Any]]:
-    """The cast: steady services, ANONYMOUS clients, planted heavies, admins, the storm."""
+def _spread(rng: np.random.Generator, sigma: float = 0.22) -> float:
+    """A lognormal factor around 1: steady clients differ a little from each other."""
+    return float(math.exp(rng.normal(0.0, sigma)))
+
+
+def _topic_sizes(rng: np.random.Generator) -> dict[str, int]:
+    """Partitions per topic: one topic per service, and the planted actors' own topics."""
     topics: dict[str, int] = {}
-    actors: list[_Actor] = []
     for name in SERVICES:
         topics[name] = int(rng.choice([6, 12, 24]))
     topics.update({"clickstream": 6, "mirror-in": 4, "events-archive": 8, "reports": 24, "storm-events": 3})
     topics.update({"logs": 12, "connect-offsets": 25})
+    return topics
 
-    def spread(sigma: float = 0.22) -> float:
-        return float(math.exp(rng.normal(0.0, sigma)))
 
+def _service_actors(rng: np.random.Generator) -> list[_Actor]:
+    """Each service user: one or two producers into its topic, one or two consumers of others."""
+    actors: list[_Actor] = []
     svc_names = list(SERVICES)
     for name in SERVICES:
         user = f"svc-{name}"
@@ -168,8 +175,8 @@ def _actors(rng: np.random.Generator) -> tuple[list[_Actor], dict[str, int], dic
                     user,
                     f"{name}-producer-{i + 1}",
                     "producer",
-                    spread(),
-                    STEADY_PRODUCE_BYTES * spread(),
+                    _spread(rng),
+                    STEADY_PRODUCE_BYTES * _spread(rng),
                     (name,),
                     idempotent=bool(rng.random() < 0.8),
                     pid_lifetime_s=float(rng.uniform(1200, 5400)),
@@ -182,11 +189,16 @@ def _actors(rng: np.random.Generator) -> tuple[list[_Actor], dict[str, int], dic
                     user,
                     f"{name}-consumer-{i + 1}",
                     "consumer",
-                    spread(),
-                    STEADY_FETCH_BYTES * spread(),
+                    _spread(rng),
+                    STEADY_FETCH_BYTES * _spread(rng),
                     read,
                 )
             )
+    return actors
+
+
+def _ordinary_actors(rng: np.random.Generator) -> list[_Actor]:
+    """ANONYMOUS clients and two steady clients of the users the heavies belong to."""
     anonymous = [
         ("rdkafka", "producer", ("logs",)),
         ("legacy-app-1", "producer", ("logs",)),
@@ -194,24 +206,32 @@ def _actors(rng: np.random.Generator) -> tuple[list[_Actor], dict[str, int], dic
         ("legacy-app-2", "consumer", ("orders", "logs")),
         ("kafka-connect-sink", "consumer", ("payments", "ledger")),
     ]
+    actors: list[_Actor] = []
     for client_id, role, read in anonymous:
         base = STEADY_PRODUCE_BYTES if role == "producer" else STEADY_FETCH_BYTES
-        actors.append(_Actor(ANONYMOUS, client_id, role, spread(), base * spread(), read, idempotent=False))
+        actors.append(
+            _Actor(ANONYMOUS, client_id, role, _spread(rng), base * _spread(rng), read, idempotent=False)
+        )
     actors.append(
-        _Actor("etl", "etl-monitor", "consumer", spread(), STEADY_FETCH_BYTES * spread(), ("logs",))
+        _Actor("etl", "etl-monitor", "consumer", _spread(rng), STEADY_FETCH_BYTES * _spread(rng), ("logs",))
     )
     actors.append(
         _Actor(
             "analytics",
             "analytics-dashboard",
             "consumer",
-            spread(),
-            STEADY_FETCH_BYTES * spread(),
+            _spread(rng),
+            STEADY_FETCH_BYTES * _spread(rng),
             ("metrics",),
         )
     )
+    return actors
+
+
+def _planted_actors(rng: np.random.Generator) -> list[_Actor]:
+    """The outliers the job must find: heavy clients, a heavy user of many clients, the storm."""
     # Planted heavies: about 30x a steady client's byte rate.
-    actors.append(
+    actors = [
         _Actor(
             "etl",
             "etl-bulk-loader",
@@ -221,9 +241,7 @@ def _actors(rng: np.random.Generator) -> tuple[list[_Actor], dict[str, int], dic
             ("clickstream",),
             throttle_share=0.3,
             pid_lifetime_s=7200.0,
-        )
-    )
-    actors.append(
+        ),
         _Actor(
             "analytics",
             "spark-reader",
@@ -232,9 +250,7 @@ def _actors(rng: np.random.Generator) -> tuple[list[_Actor], dict[str, int], dic
             STEADY_FETCH_BYTES * 10,
             ("events-archive",),
             throttle_share=0.2,
-        )
-    )
-    actors.append(
+        ),
         _Actor(
             ANONYMOUS,
             "legacy-mirror",
@@ -243,8 +259,8 @@ def _actors(rng: np.random.Generator) -> tuple[list[_Actor], dict[str, int], dic
             STEADY_PRODUCE_BYTES * 10,
             ("mirror-in",),
             idempotent=False,
-        )
-    )
+        ),
+    ]
     # A heavy user made of many ordinary clients: only its total stands out.
     for i in range(10):
         actors.append(
@@ -252,38 +268,40 @@ def _actors(rng: np.random.Generator) -> tuple[list[_Actor], dict[str, int], dic
                 "reporting",
                 f"reporting-job-{i}",
                 "producer",
-                spread(0.1),
-                STEADY_PRODUCE_BYTES * spread(0.1),
+                _spread(rng, 0.1),
+                STEADY_PRODUCE_BYTES * _spread(rng, 0.1),
                 ("reports",),
                 pid_lifetime_s=float(rng.uniform(1200, 5400)),
             )
         )
     actors.append(_Actor("storm", "flaky-producer", "storm", 1.0, 1024.0, ("storm-events",)))
-    admins = [
-        ("ops", "terraform"),
-        ("ci", "topic-provisioner"),
-        ("platform", "strimzi-topic-operator"),
-        ("svc-orders", "orders-admin"),
-        ("svc-payments", "payments-admin"),
-        ("svc-search", "search-admin"),
-    ]
-    for user, client_id in admins:
-        actors.append(_Actor(user, client_id, "admin", 0.0))
-    actors.append(_Actor("chaos", "topic-spammer", "abuser", 0.0))
-    for i, actor in enumerate(actors):
-        actor.index = i
-    truth = {
+    return actors
+
+
+ADMINS = (
+    ("ops", "terraform"),
+    ("ci", "topic-provisioner"),
+    ("platform", "strimzi-topic-operator"),
+    ("svc-orders", "orders-admin"),
+    ("svc-payments", "payments-admin"),
+    ("svc-search", "search-admin"),
+)
+
+
+def _planted_truth(actors: list[_Actor]) -> dict[str, Any]:
+    """The ``GeneratedTruth`` fields the cast decides: who is heavy, who is steady, who abuses."""
+    truth: dict[str, Any] = {
         "heavy_producers": [("etl", "etl-bulk-loader"), (ANONYMOUS, "legacy-mirror")],
         "heavy_consumers": [("analytics", "spark-reader")],
         "heavy_users": ["reporting"],
         "hot_topics_produce": ["clickstream", "mirror-in"],
         "hot_topics_fetch": ["events-archive"],
-        "admin_clients": admins,
+        "admin_clients": list(ADMINS),
         "abusive_admin": ("chaos", "topic-spammer"),
         "storm_user": "storm",
         "storm_client": "flaky-producer",
     }
-    heavy = {*truth["heavy_producers"], *truth["heavy_consumers"]}  # type: ignore[misc]
+    heavy = {*truth["heavy_producers"], *truth["heavy_consumers"]}
     steady = [
         (a.user, a.client_id)
         for a in actors
@@ -291,7 +309,18 @@ def _actors(rng: np.random.Generator) -> tuple[list[_Actor], dict[str, int], dic
     ]
     truth["steady_pairs"] = steady
     truth["steady_users"] = sorted({u for u, _ in steady if u not in ("etl", "analytics", ANONYMOUS)})
-    return actors, topics, truth
+    return truth
+
+
+def _actors(rng: np.random.Generator) -> tuple[list[_Actor], dict[str, int], dict[str, Any]]:
+    """The cast: steady services, ANONYMOUS clients, planted heavies, admins, the storm."""
+    topics = _topic_sizes(rng)
+    actors = _service_actors(rng) + _ordinary_actors(rng) + _planted_actors(rng)
+    actors += [_Actor(user, client_id, "admin", 0.0) for user, client_id in ADMINS]
+    actors.append(_Actor("chaos", "topic-spammer", "abuser", 0.0))
+    for i, actor in enumerate(actors):
+        actor.index = i
+    return actors, topics, _planted_truth(actors)
 
 
 def _profile(rng: np.random.Generator, span_s: int, bursty: bool = False) -> np.ndarray:
@@ -352,22 +381,15 @@ class _Columns:
         self.lists.setdefault(name, []).append((lengths, children))
 
 
+_AdminPlan = dict[int, tuple[np.ndarray, ...]]  # actor index -> (seconds, api keys, mutations)
+
+
 def _lognormal(rng: np.random.Generator, median: float, sigma: float, n: int) -> np.ndarray:
     return median * np.exp(rng.normal(0.0, sigma, n))
 
 
-def _data_requests(
-    rng: np.random.Generator,
-    actor: _Actor,
-    secs: np.ndarray,
-    start_ms: int,
-    topics: dict[str, int],
-    topic_ids: dict[str, int],
-    out: _Columns,
-) -> None:
-    """Requests of a produce/fetch/storm client at the given seconds (one entry per request)."""
-    n = len(secs)
-    ts = start_ms + secs * 1000 + rng.integers(0, 1000, n)
+def _data_apis(rng: np.random.Generator, actor: _Actor, n: int) -> np.ndarray:
+    """The api key of each of a produce/fetch/storm client's ``n`` requests."""
     role = actor.role
     if role == "producer":
         api = np.where(rng.random(n) < 0.93, PRODUCE, METADATA).astype(np.int16)
@@ -383,12 +405,32 @@ def _data_requests(
     else:  # storm: short-lived producers, each an InitProducerId and one Produce
         u = rng.random(n)
         api = np.select([u < 0.5, u < 0.95], [PRODUCE, INIT_PRODUCER_ID], METADATA).astype(np.int16)
-    version = np.vectorize(VERSIONS.get, otypes=[np.int16])(api) if n else np.zeros(0, np.int16)
-    is_produce = api == PRODUCE
-    is_fetch = api == FETCH
-    data = is_produce | is_fetch
-    empty_fetch = is_fetch & (rng.random(n) < 0.1)
-    # Partitions per request: 1-4 for Produce, 1-6 for a non-empty Fetch, none otherwise.
+    return api
+
+
+@dataclass
+class _Partitions:
+    """The partitions of a file's requests, flattened: ``k`` per request, then one row each."""
+
+    k: np.ndarray  # partitions per request
+    topic: np.ndarray  # topic index (into the sorted topic names)
+    partition: np.ndarray
+    bytes: np.ndarray
+    records: np.ndarray
+    sums: np.ndarray  # bytes per request
+
+
+def _request_partitions(
+    rng: np.random.Generator,
+    actor: _Actor,
+    api: np.ndarray,
+    empty_fetch: np.ndarray,
+    topics: dict[str, int],
+    topic_ids: dict[str, int],
+) -> _Partitions:
+    """Partitions per request (1-4 for Produce, 1-6 for a non-empty Fetch) and their bytes."""
+    n = len(api)
+    is_produce, is_fetch = api == PRODUCE, api == FETCH
     k = np.where(is_produce, 1 + rng.binomial(3, 0.3, n), np.where(is_fetch, 1 + rng.binomial(5, 0.3, n), 0))
     k[empty_fetch] = 0
     payload = _lognormal(rng, actor.payload, 0.6, n)
@@ -407,25 +449,49 @@ def _data_requests(
     ).astype(np.int64)
     child_records = np.maximum(1, child_bytes // int(rng.integers(300, 1200))).astype(np.int32)
     sums = np.bincount(parent, weights=child_bytes, minlength=n).astype(np.int64)
-    small_req = rng.integers(40, 300, n)
-    request_bytes = np.where(is_produce, 120 + sums + 70 * k, small_req + np.where(is_fetch, 30 * k, 0))
-    meta = api == METADATA
-    response_bytes = np.where(
-        is_fetch,
-        150 + sums + 80 * k,
-        np.where(meta, rng.integers(1500, 8000, n), rng.integers(20, 200, n)),
-    )
-    # Producer ids: long-lived idempotent producers restart now and then (a new id each time); the
-    # storm's producers live for one request; non-idempotent batches carry -1.
+    return _Partitions(k, child_topic, child_partition, child_bytes, child_records, sums)
+
+
+def _producer_id_values(actor: _Actor, secs: np.ndarray, is_produce: np.ndarray) -> np.ndarray:
+    """Producer ids: long-lived idempotent producers restart now and then (a new id each time);
+    the storm's producers live for one request; non-idempotent batches carry -1."""
     pid_base = (actor.index + 1) * 10_000_000
-    if role == "storm":
+    if actor.role == "storm":
         pids = pid_base + actor.seq + np.cumsum(is_produce) - 1
         actor.seq += int(is_produce.sum())
-    elif actor.idempotent:
-        pids = pid_base + ((secs + actor.index * 97) // actor.pid_lifetime_s).astype(np.int64)
-    else:
-        pids = np.full(n, -1, dtype=np.int64)
-    pid_lengths = is_produce.astype(np.int32)
+        return pids
+    if actor.idempotent:
+        return pid_base + ((secs + actor.index * 97) // actor.pid_lifetime_s).astype(np.int64)
+    return np.full(len(secs), -1, dtype=np.int64)
+
+
+def _data_requests(
+    rng: np.random.Generator,
+    actor: _Actor,
+    secs: np.ndarray,
+    start_ms: int,
+    topics: dict[str, int],
+    topic_ids: dict[str, int],
+    out: _Columns,
+) -> None:
+    """Requests of a produce/fetch/storm client at the given seconds (one entry per request)."""
+    n = len(secs)
+    ts = start_ms + secs * 1000 + rng.integers(0, 1000, n)
+    api = _data_apis(rng, actor, n)
+    version = np.vectorize(VERSIONS.get, otypes=[np.int16])(api) if n else np.zeros(0, np.int16)
+    is_produce, is_fetch = api == PRODUCE, api == FETCH
+    data = is_produce | is_fetch
+    empty_fetch = is_fetch & (rng.random(n) < 0.1)
+    parts = _request_partitions(rng, actor, api, empty_fetch, topics, topic_ids)
+    k = parts.k
+    small_req = rng.integers(40, 300, n)
+    request_bytes = np.where(is_produce, 120 + parts.sums + 70 * k, small_req + np.where(is_fetch, 30 * k, 0))
+    response_bytes = np.where(
+        is_fetch,
+        150 + parts.sums + 80 * k,
+        np.where(api == METADATA, rng.integers(1500, 8000, n), rng.integers(20, 200, n)),
+    )
+    pids = _producer_id_values(actor, secs, is_produce)
     throttled = data & (rng.random(n) < actor.throttle_share)
     throttle_ms = np.where(throttled, rng.integers(1, 400, n), 0).astype(np.int32)
     upstream = np.where(
@@ -450,12 +516,9 @@ def _data_requests(
         broker_throttle_ms=np.where(data, 0, -1).astype(np.int32),
         upstream_ms=upstream.astype(np.float64),
     )
-    out.add_list(
-        "partitions",
-        k.astype(np.int32),
-        {"topic": child_topic, "partition": child_partition, "bytes": child_bytes, "records": child_records},
-    )
-    out.add_list("producer_ids", pid_lengths, {"values": pids[is_produce]})
+    children = {"topic": parts.topic, "partition": parts.partition, "bytes": parts.bytes}
+    out.add_list("partitions", k.astype(np.int32), {**children, "records": parts.records})
+    out.add_list("producer_ids", is_produce.astype(np.int32), {"values": pids[is_produce]})
     out.add_list("error_codes", np.zeros(n, dtype=np.int32), {"values": np.zeros(0, dtype=np.int16)})
 
 
@@ -524,6 +587,137 @@ def _list_array(pieces: list[tuple[np.ndarray, dict[str, np.ndarray]]], order: n
     return pa.ListArray.from_arrays(pa.array(offsets), values)
 
 
+def _admin_plan(rng: np.random.Generator, actors: list[_Actor], span_s: int, records: int) -> _AdminPlan:
+    """Admin requests come first: their number does not grow with the traffic."""
+    admin_budget = max(10, records // 50)
+    admin: _AdminPlan = {}
+    for actor in actors:
+        if actor.role in ("admin", "abuser"):
+            share = admin_budget // 2 if actor.role == "abuser" else admin_budget // 12
+            admin[actor.index] = _admin_events(rng, span_s, actor.role == "abuser", max(3, share))
+    return admin
+
+
+def _data_plan(rng: np.random.Generator, actors: list[_Actor], span_s: int, requests: int) -> list[_Actor]:
+    """The data clients, each given its requests per second (``counts``); the storm is 2%."""
+    data_actors = [a for a in actors if a.role in ("producer", "consumer", "storm")]
+    weights = np.array([a.weight for a in data_actors])
+    storm = next(a for a in data_actors if a.role == "storm")
+    weights[data_actors.index(storm)] = 0.0
+    weights = weights / weights.sum() * 0.98  # the storm is 2% of the data requests
+    weights[data_actors.index(storm)] = 0.02
+    per_actor = rng.multinomial(requests, weights)
+    for actor, n in zip(data_actors, per_actor, strict=True):
+        p = _profile(rng, span_s)
+        actor.counts = rng.multinomial(int(n), p / p.sum())
+    return data_actors
+
+
+def _file_bounds(
+    data_actors: list[_Actor], admin: _AdminPlan, span_s: int, records: int, nfiles: int
+) -> list[int]:
+    """Second boundaries of time slices with about the same number of records each."""
+    total_per_s = np.sum([a.counts for a in data_actors if a.counts is not None], axis=0)
+    for t, _, _ in admin.values():
+        total_per_s += np.bincount(t.astype(np.int64), minlength=span_s)
+    cum = np.cumsum(total_per_s)
+    bounds = [0, *[int(np.searchsorted(cum, records * i / nfiles)) + 1 for i in range(1, nfiles)], span_s]
+    return sorted(set(min(b, span_s) for b in bounds))
+
+
+@dataclass
+class _Vocab:
+    """The strings of the files, dictionary-encoded by actor index (or topic index)."""
+
+    topics: list[str]
+    users: list[str]
+    clients: list[str]
+    addrs: list[str]
+    proxies: list[str]
+    schema: Any  # the capture's Arrow schema
+
+    @classmethod
+    def of(cls, actors: list[_Actor], topics: list[str]) -> _Vocab:
+        addrs = [
+            f"10.{1 + a.index // 200}.{a.index % 200}.{10 + a.index % 50}:{40000 + a.index}" for a in actors
+        ]
+        users, clients = [a.user for a in actors], [a.client_id for a in actors]
+        return cls(topics, users, clients, addrs, ["kthrottle-0", "kthrottle-1"], arrow_schema())
+
+
+def _slice_columns(
+    rng: np.random.Generator,
+    actors: list[_Actor],
+    data_actors: list[_Actor],
+    admin: _AdminPlan,
+    seconds: tuple[int, int],
+    start_ms: int,
+    topics: dict[str, int],
+    topic_ids: dict[str, int],
+    counts: dict[str, int],
+) -> _Columns:
+    """Every request of one time slice [s0, s1), per actor; ``counts`` gains them per role."""
+    s0, s1 = seconds
+    cols = _Columns()
+    for actor in data_actors:
+        assert actor.counts is not None
+        c = actor.counts[s0:s1]
+        if c.sum() == 0:
+            continue
+        secs = np.repeat(np.arange(s0, s1, dtype=np.int64), c)
+        _data_requests(rng, actor, secs, start_ms, topics, topic_ids, cols)
+        counts[actor.role] = counts.get(actor.role, 0) + len(secs)
+    for idx, (t, api, muts) in admin.items():
+        sel = (t >= s0) & (t < s1)
+        if sel.any():
+            _admin_requests(rng, actors[idx], t[sel], api[sel], muts[sel], start_ms, cols)
+            counts[actors[idx].role] = counts.get(actors[idx].role, 0) + int(sel.sum())
+    return cols
+
+
+def _partition_structs(ch: dict[str, np.ndarray], vocab: _Vocab) -> Any:
+    """The partitions' children as the capture schema's struct (topic names from the vocabulary)."""
+    import pyarrow as pa
+
+    return pa.StructArray.from_arrays(
+        [
+            _strings(ch["topic"], vocab.topics),
+            pa.array(ch["partition"], pa.int32()),
+            pa.array(ch["bytes"], pa.int64()),
+            pa.array(ch["records"], pa.int32()),
+        ],
+        fields=list(vocab.schema.field("partitions").type.value_type),
+    )
+
+
+def _slice_table(cols: _Columns, vocab: _Vocab) -> Any:
+    """One file's columns sorted by time, as a table of the capture schema."""
+    import pyarrow as pa
+
+    schema = vocab.schema
+    flat = {k: np.concatenate(v) for k, v in cols.parts.items()}
+    order = np.argsort(flat["ts_ms"], kind="stable")
+    flat = {k: v[order] for k, v in flat.items()}
+    who = flat.pop("actor")
+    arrays = {
+        **{k: pa.array(v, type=schema.field(k).type) for k, v in flat.items()},
+        "proxy": _strings(who % 2, vocab.proxies),
+        "client_addr": _strings(who, vocab.addrs),
+        "principal": _strings(who, vocab.users),
+        "client_id": _strings(who, vocab.clients),
+        "partitions": _list_array(cols.lists["partitions"], order, partial(_partition_structs, vocab=vocab)),
+        "producer_ids": _list_array(
+            cols.lists["producer_ids"], order, lambda ch: pa.array(ch["values"], pa.int64())
+        ),
+        "error_codes": _list_array(
+            cols.lists["error_codes"], order, lambda ch: pa.array(ch["values"], pa.int16())
+        ),
+        "dry_run": pa.array(np.zeros(len(order), dtype=bool)),
+    }
+    arrays["decided_throttle_ms"] = arrays["throttle_ms"]
+    return pa.Table.from_arrays([arrays[name] for name in FIELD_NAMES], schema=schema)
+
+
 def generate(
     out_dir: str | Path,
     records: int,
@@ -537,7 +731,6 @@ def generate(
 
     Files are consecutive time slices (as the proxy's rolling files are), each sorted by time.
     """
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     if records < 100:
@@ -550,99 +743,21 @@ def generate(
         old.unlink()
     rng = np.random.default_rng(seed)
     actors, topics, planted = _actors(rng)
-    topic_vocab = sorted(topics)
-    topic_ids = {t: i for i, t in enumerate(topic_vocab)}
-
-    # Admin requests come first (their number does not grow with the traffic); the rest is data.
-    admin_budget = max(10, records // 50)
-    admin: dict[int, tuple[np.ndarray, ...]] = {}
-    for actor in actors:
-        if actor.role in ("admin", "abuser"):
-            share = admin_budget // 2 if actor.role == "abuser" else admin_budget // 12
-            admin[actor.index] = _admin_events(rng, span_s, actor.role == "abuser", max(3, share))
-    n_admin = sum(len(v[0]) for v in admin.values())
-    data_actors = [a for a in actors if a.role in ("producer", "consumer", "storm")]
-    weights = np.array([a.weight for a in data_actors])
-    storm = next(a for a in data_actors if a.role == "storm")
-    weights[data_actors.index(storm)] = 0.0
-    weights = weights / weights.sum() * 0.98  # the storm is 2% of the data requests
-    weights[data_actors.index(storm)] = 0.02
-    per_actor = rng.multinomial(records - n_admin, weights)
-    for actor, n in zip(data_actors, per_actor, strict=True):
-        p = _profile(rng, span_s)
-        actor.counts = rng.multinomial(int(n), p / p.sum())
-    total_per_s = np.sum([a.counts for a in data_actors if a.counts is not None], axis=0)
-    for t, _, _ in admin.values():
-        total_per_s += np.bincount(t.astype(np.int64), minlength=span_s)
-    # Time slices with about rows_per_file records each.
+    vocab = _Vocab.of(actors, sorted(topics))
+    topic_ids = {t: i for i, t in enumerate(vocab.topics)}
+    admin = _admin_plan(rng, actors, span_s, records)
+    data_actors = _data_plan(rng, actors, span_s, records - sum(len(v[0]) for v in admin.values()))
     nfiles = max(min_files, math.ceil(records / rows_per_file))
-    cum = np.cumsum(total_per_s)
-    bounds = [0, *[int(np.searchsorted(cum, records * i / nfiles)) + 1 for i in range(1, nfiles)], span_s]
-    bounds = sorted(set(min(b, span_s) for b in bounds))
-
-    vocab_users = [a.user for a in actors]
-    vocab_clients = [a.client_id for a in actors]
-    vocab_addr = [
-        f"10.{1 + a.index // 200}.{a.index % 200}.{10 + a.index % 50}:{40000 + a.index}" for a in actors
-    ]
-    vocab_proxy = ["kthrottle-0", "kthrottle-1"]
-    schema: Any = arrow_schema()
-    part_type = schema.field("partitions").type.value_type
     files: list[str] = []
     counts: dict[str, int] = {}
-    for f, (s0, s1) in enumerate(itertools.pairwise(bounds)):
-        cols = _Columns()
-        for actor in data_actors:
-            assert actor.counts is not None
-            c = actor.counts[s0:s1]
-            if c.sum() == 0:
-                continue
-            secs = np.repeat(np.arange(s0, s1, dtype=np.int64), c)
-            _data_requests(rng, actor, secs, start_ms, topics, topic_ids, cols)
-            counts[actor.role] = counts.get(actor.role, 0) + len(secs)
-        for idx, (t, api, muts) in admin.items():
-            sel = (t >= s0) & (t < s1)
-            if sel.any():
-                _admin_requests(rng, actors[idx], t[sel], api[sel], muts[sel], start_ms, cols)
-                counts[actors[idx].role] = counts.get(actors[idx].role, 0) + int(sel.sum())
+    for f, seconds in enumerate(
+        itertools.pairwise(_file_bounds(data_actors, admin, span_s, records, nfiles))
+    ):
+        cols = _slice_columns(rng, actors, data_actors, admin, seconds, start_ms, topics, topic_ids, counts)
         if not cols.parts:
             continue
-        flat = {k: np.concatenate(v) for k, v in cols.parts.items()}
-        order = np.argsort(flat["ts_ms"], kind="stable")
-        flat = {k: v[order] for k, v in flat.items()}
-        who = flat.pop("actor")
-        n = len(order)
-
-        def partitions(ch: dict[str, np.ndarray]) -> Any:
-            return pa.StructArray.from_arrays(
-                [
-                    _strings(ch["topic"], topic_vocab),
-                    pa.array(ch["partition"], pa.int32()),
-                    pa.array(ch["bytes"], pa.int64()),
-                    pa.array(ch["records"], pa.int32()),
-                ],
-                fields=list(part_type),
-            )
-
-        arrays = {
-            **{k: pa.array(v, type=schema.field(k).type) for k, v in flat.items()},
-            "proxy": _strings(who % 2, vocab_proxy),
-            "client_addr": _strings(who, vocab_addr),
-            "principal": _strings(who, vocab_users),
-            "client_id": _strings(who, vocab_clients),
-            "partitions": _list_array(cols.lists["partitions"], order, partitions),
-            "producer_ids": _list_array(
-                cols.lists["producer_ids"], order, lambda ch: pa.array(ch["values"], pa.int64())
-            ),
-            "error_codes": _list_array(
-                cols.lists["error_codes"], order, lambda ch: pa.array(ch["values"], pa.int16())
-            ),
-            "dry_run": pa.array(np.zeros(n, dtype=bool)),
-        }
-        arrays["decided_throttle_ms"] = arrays["throttle_ms"]
-        table = pa.Table.from_arrays([arrays[name] for name in FIELD_NAMES], schema=schema)
         path = out / f"capture-gen-{f:04d}.parquet"
-        pq.write_table(table, path, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+        pq.write_table(_slice_table(cols, vocab), path, compression="zstd", row_group_size=ROW_GROUP_ROWS)
         files.append(str(path))
     truth = GeneratedTruth(
         records=records,

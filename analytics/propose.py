@@ -248,80 +248,112 @@ def _byte_rates(b: _Builder, stats: Stats, opts: ProposeOptions) -> dict[str, di
                 ents = ents[ents["user"] != ANONYMOUS]
             if ents.empty:
                 continue
-            base, k, n = cover(ents["p99_bps"], opts.coverage)
-            default = nice_bytes(base * opts.headroom)
+            default = _byte_default(b, opts, key, level, ents)
             defaults.setdefault(level, {})[key] = default
-            # A default rests on typical entities: the median entity's seconds must be enough.
-            ev = evidence(
-                opts, ents["active_s"].median(), n, _requests(ents), need_requests=False, median=True
-            )
-            written = level == opts.default_level and ev.enough
-            if written:
-                b.set(_default_path(level), key, default)
-            note = "" if written else f"not set: the default is at the {opts.default_level} level"
-            if level == opts.default_level and not ev.enough:
-                note = ev.missing
-            b.row(
-                kind="default",
-                level=level,
-                user=DEFAULT if level != "client" else "",
-                client_id=DEFAULT if level != "user" else "",
-                key=key,
-                value=default,
-                observed=base,
-                basis=f"p99 of {k}/{n} entities x {opts.headroom:g}",
-                **ev.columns(),
-                written=written,
-                note=note,
-            )
-            uncovered = ents[ents["p99_bps"] > default].sort_values("p99_bps", ascending=False)
-            chosen = 0
-            for r in uncovered.itertuples(index=False):
-                user, client_id, p99 = str(r.user), str(r.client_id), float(r.p99_bps)
-                value = nice_bytes(p99 * opts.headroom)
-                note, written = "", True
-                cap = nice_bytes(default * opts.max_override_factor)
-                if value > cap:
-                    value, note = cap, f"capped at {opts.max_override_factor:g} x the default"
-                if level == "user":
-                    mine = [
-                        (user, c) in overridden for c in pair_rows[pair_rows["user"] == user]["client_id"]
-                    ]
-                    if all(mine):
-                        note, written = "its (user, client-id) pairs all have overrides", False
-                    elif any(mine) and opts.default_level != "user":
-                        # Its total includes the overridden pairs: as a cap on the others it would be loose.
-                        note, written = "some of its (user, client-id) pairs have overrides", False
-                elif level == "client":
-                    mine = pair_rows[pair_rows["client_id"] == client_id]
-                    if all((u, client_id) in overridden for u in mine["user"]):
-                        note, written = "its (user, client-id) pairs all have overrides", False
-                    elif opts.default_level != "client":
-                        note, written = "client-id quotas never apply under a <default> user quota", False
-                ev = evidence(opts, float(r.active_s), 1, _requests_of(r), need_requests=False)
-                if written and not ev.enough:
-                    note, written = ev.missing, False
-                if written and chosen >= opts.top_k:
-                    note, written = f"beyond the top {opts.top_k}: held to the default", False
-                if written:
-                    chosen += 1
-                    b.set(_entity_path(level, user, client_id), key, value)
-                    if level == "user-client":
-                        overridden.add((user, client_id))
-                b.row(
-                    kind="override",
-                    level=level,
-                    user=user,
-                    client_id=client_id,
-                    key=key,
-                    value=value,
-                    observed=p99,
-                    basis=f"own p99 x {opts.headroom:g}",
-                    **ev.columns(),
-                    written=written,
-                    note=note,
-                )
+            _byte_overrides(b, opts, key, level, ents, default, pair_rows, overridden)
     return defaults
+
+
+def _byte_default(b: _Builder, opts: ProposeOptions, key: str, level: str, ents: pd.DataFrame) -> int:
+    """The default of one level: the covered entities' p99 with headroom; written at the default
+    level when the median entity's seconds are enough to rest on."""
+    base, k, n = cover(ents["p99_bps"], opts.coverage)
+    default = nice_bytes(base * opts.headroom)
+    # A default rests on typical entities: the median entity's seconds must be enough.
+    ev = evidence(opts, ents["active_s"].median(), n, _requests(ents), need_requests=False, median=True)
+    written = level == opts.default_level and ev.enough
+    if written:
+        b.set(_default_path(level), key, default)
+    note = "" if written else f"not set: the default is at the {opts.default_level} level"
+    if level == opts.default_level and not ev.enough:
+        note = ev.missing
+    b.row(
+        kind="default",
+        level=level,
+        user=DEFAULT if level != "client" else "",
+        client_id=DEFAULT if level != "user" else "",
+        key=key,
+        value=default,
+        observed=base,
+        basis=f"p99 of {k}/{n} entities x {opts.headroom:g}",
+        **ev.columns(),
+        written=written,
+        note=note,
+    )
+    return default
+
+
+def _level_conflict(
+    opts: ProposeOptions,
+    level: str,
+    user: str,
+    client_id: str,
+    pair_rows: pd.DataFrame,
+    overridden: set[tuple[str, str]],
+) -> str:
+    """Why a user or client-id override would not be written given the pairs' overrides ('' if none)."""
+    if level == "user":
+        mine = [(user, c) in overridden for c in pair_rows[pair_rows["user"] == user]["client_id"]]
+        if all(mine):
+            return "its (user, client-id) pairs all have overrides"
+        if any(mine) and opts.default_level != "user":
+            # Its total includes the overridden pairs: as a cap on the others it would be loose.
+            return "some of its (user, client-id) pairs have overrides"
+    elif level == "client":
+        pairs = pair_rows[pair_rows["client_id"] == client_id]
+        if all((u, client_id) in overridden for u in pairs["user"]):
+            return "its (user, client-id) pairs all have overrides"
+        if opts.default_level != "client":
+            return "client-id quotas never apply under a <default> user quota"
+    return ""
+
+
+def _byte_overrides(
+    b: _Builder,
+    opts: ProposeOptions,
+    key: str,
+    level: str,
+    ents: pd.DataFrame,
+    default: int,
+    pair_rows: pd.DataFrame,
+    overridden: set[tuple[str, str]],
+) -> None:
+    """Overrides for the entities of one level above its default, busiest first, at most top_k;
+    (user, client-id) overrides written go into ``overridden`` for the levels after."""
+    uncovered = ents[ents["p99_bps"] > default].sort_values("p99_bps", ascending=False)
+    chosen = 0
+    for r in uncovered.itertuples(index=False):
+        user, client_id, p99 = str(r.user), str(r.client_id), float(r.p99_bps)
+        value = nice_bytes(p99 * opts.headroom)
+        note = ""
+        cap = nice_bytes(default * opts.max_override_factor)
+        if value > cap:
+            value, note = cap, f"capped at {opts.max_override_factor:g} x the default"
+        conflict = _level_conflict(opts, level, user, client_id, pair_rows, overridden)
+        note, written = (conflict, False) if conflict else (note, True)
+        ev = evidence(opts, float(r.active_s), 1, _requests_of(r), need_requests=False)
+        if written and not ev.enough:
+            note, written = ev.missing, False
+        if written and chosen >= opts.top_k:
+            note, written = f"beyond the top {opts.top_k}: held to the default", False
+        if written:
+            chosen += 1
+            b.set(_entity_path(level, user, client_id), key, value)
+            if level == "user-client":
+                overridden.add((user, client_id))
+        b.row(
+            kind="override",
+            level=level,
+            user=user,
+            client_id=client_id,
+            key=key,
+            value=value,
+            observed=p99,
+            basis=f"own p99 x {opts.headroom:g}",
+            **ev.columns(),
+            written=written,
+            note=note,
+        )
 
 
 def _topics(b: _Builder, stats: Stats, opts: ProposeOptions) -> None:

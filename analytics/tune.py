@@ -57,18 +57,29 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 if not __package__:  # spark-submit analytics/tune.py, python analytics/tune.py: import from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pandas as pd
 
-from analytics.propose import DEFAULT_LEVELS, ProposeOptions, propose
-from analytics.session import InputError, build_session, check_local, check_remote, is_remote, read_captures
-from analytics.stats import StatsOptions, compute
+from analytics.propose import DEFAULT_LEVELS, Proposal, ProposeOptions, propose
+from analytics.session import (
+    CaptureInput,
+    InputError,
+    build_session,
+    check_local,
+    check_remote,
+    is_remote,
+    read_captures,
+)
+from analytics.stats import Stats, StatsOptions, compute
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 QUOTAS_FILE = "quotas.yaml"
 REPORT_FILE = "report.html"
@@ -196,10 +207,8 @@ def failure_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first[:400]}" if first else type(exc).__name__
 
 
-def run(args: argparse.Namespace, progress: Progress) -> Path:
-    """The job; returns the output directory. Raises InputError for input it refuses."""
-    output = Path(args.output).resolve()
-    _check_output(output)
+def _options(args: argparse.Namespace) -> tuple[StatsOptions, ProposeOptions]:
+    """The statistics' and the proposal's options from the command line; bad values are refused."""
     stats_opts = StatsOptions(burst_factor=args.burst_factor, keep_seconds=not args.skip_replay)
     try:
         propose_opts = ProposeOptions(
@@ -213,9 +222,13 @@ def run(args: argparse.Namespace, progress: Progress) -> Path:
         )
     except ValueError as exc:
         raise InputError(str(exc)) from exc
-    remote = is_remote(args.input)
+    return stats_opts, propose_opts
+
+
+def _open_input(args: argparse.Namespace, progress: Progress) -> tuple[CaptureInput, SparkSession]:
+    """The input checked (local files before Spark starts, so a refusal is quick) and the session."""
     source = None
-    if not remote:
+    if not is_remote(args.input):
         with progress.stage("checking input"):
             source = check_local(args.input)
             progress(f"{source.files} files, {source.rows:,} records, {(source.bytes or 0) / 1e6:,.1f} MB")
@@ -227,26 +240,33 @@ def run(args: argparse.Namespace, progress: Progress) -> Path:
             progress(f"{source.files} files")
     for note in source.notes:
         progress.warn(note)
-    captures = read_captures(spark, source)
-    with progress.stage("statistics"):
-        stats = compute(spark, captures, stats_opts, progress)
-    if stats.records == 0:
-        raise InputError(f"input {args.input}: no records")
-    with progress.stage("proposal"):
-        proposal = propose(stats, propose_opts, source=args.input)
-    tables: dict[str, pd.DataFrame] = dict(stats.tables)
-    tables["proposal"] = proposal.table
-    if args.skip_replay:
-        progress("replay skipped (--skip-replay)")
-    else:
-        try:
-            from analytics.replay import replay
-        except ImportError as exc:
-            progress.warn(f"replay skipped: analytics.replay is not available ({exc})")
-        else:
-            with progress.stage("replay"):
-                tables["replay"] = replay(spark, captures, proposal.config, seconds=stats.seconds)
-    meta: dict[str, Any] = {
+    return source, spark
+
+
+def _replay_step(
+    spark: SparkSession, captures: DataFrame, proposal: Proposal, stats: Stats, progress: Progress
+) -> pd.DataFrame | None:
+    """The proposal replayed over the captures, or None when skipped or not installed."""
+    try:
+        from analytics.replay import replay
+    except ImportError as exc:
+        progress.warn(f"replay skipped: analytics.replay is not available ({exc})")
+        return None
+    with progress.stage("replay"):
+        return replay(spark, captures, proposal.config, seconds=stats.seconds)
+
+
+def _meta(
+    args: argparse.Namespace,
+    source: CaptureInput,
+    stats: Stats,
+    stats_opts: StatsOptions,
+    tables: Mapping[str, pd.DataFrame],
+    spark: SparkSession,
+    progress: Progress,
+) -> dict[str, Any]:
+    """What the report and meta.json say about the run (module docstring)."""
+    return {
         "input": args.input,
         "files": source.files,
         "records": stats.records,
@@ -271,13 +291,23 @@ def run(args: argparse.Namespace, progress: Progress) -> Path:
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "notes": source.notes,
     }
+
+
+def _write_output(
+    output: Path,
+    tables: dict[str, pd.DataFrame],
+    proposal_yaml: str,
+    meta: dict[str, Any],
+    progress: Progress,
+) -> None:
+    """Everything written into a hidden sibling first, then renamed into place."""
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         with progress.stage("writing"):
             tmp.mkdir(parents=True)
             (tmp / MARKER).write_text("written by kthrottle tune (analytics/tune.py)\n")
-            (tmp / QUOTAS_FILE).write_text(proposal.yaml)
+            (tmp / QUOTAS_FILE).write_text(proposal_yaml)
             for name, df in tables.items():
                 write_table(tmp, name, df)
             try:
@@ -285,13 +315,38 @@ def run(args: argparse.Namespace, progress: Progress) -> Path:
             except ImportError as exc:
                 progress.warn(f"report skipped: analytics.report is not available ({exc})")
             else:
-                write_report(str(tmp / REPORT_FILE), tables, proposal.yaml, meta)
+                write_report(str(tmp / REPORT_FILE), tables, proposal_yaml, meta)
         (tmp / "meta.json").write_text(
             json.dumps(meta, indent=2, default=str) + "\n"
         )  # with the writing time
         _replace(tmp, output)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, progress: Progress) -> Path:
+    """The job, step by step; returns the output directory. Raises InputError for input it refuses."""
+    output = Path(args.output).resolve()
+    _check_output(output)
+    stats_opts, propose_opts = _options(args)
+    source, spark = _open_input(args, progress)
+    captures = read_captures(spark, source)
+    with progress.stage("statistics"):
+        stats = compute(spark, captures, stats_opts, progress)
+    if stats.records == 0:
+        raise InputError(f"input {args.input}: no records")
+    with progress.stage("proposal"):
+        proposal = propose(stats, propose_opts, source=args.input)
+    tables: dict[str, pd.DataFrame] = dict(stats.tables)
+    tables["proposal"] = proposal.table
+    if args.skip_replay:
+        progress("replay skipped (--skip-replay)")
+    else:
+        replayed = _replay_step(spark, captures, proposal, stats, progress)
+        if replayed is not None:
+            tables["replay"] = replayed
+    meta = _meta(args, source, stats, stats_opts, tables, spark, progress)
+    _write_output(output, tables, proposal.yaml, meta, progress)
     return output
 
 
