@@ -223,6 +223,8 @@ def _type_name(annotation: Any) -> str:
     """A reader's name for a type: ``"steady" | "kafka"``, ``list[str]``, ``map str -> mapping``."""
     annotation, nullable = _optional(annotation)
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:  # a checked key or value: its base type (the check is described)
+        return _type_name(args[0] if not nullable else args[0] | None)
     if origin is typing.Literal:
         name = " | ".join(f'"{a}"' for a in args)
     elif inspect.isclass(annotation) and issubclass(annotation, enum.Enum):

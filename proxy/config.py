@@ -20,7 +20,7 @@ from pydantic import (
 from pydantic_core.core_schema import ValidationInfo
 
 from protocol.frames import DEFAULT_MAX_FRAME_BYTES
-from quota.config import QuotaConfig
+from quota.config import CONFIG_FILE, QuotaConfig
 from quota.principal_mapping import DEFAULT_RULES, PrincipalMapper
 from quota.volume_config import VolumeConfig
 
@@ -741,11 +741,16 @@ def _validated(model: type[M], text: str, source: str) -> M:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}:1: the config must be a mapping of settings")
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context={CONFIG_FILE: True})
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
-            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            # A mapping's key refused: its path ends at the key ("[key]" says nothing more).
+            loc = tuple(
+                p
+                for p in err["loc"]
+                if not (isinstance(p, str) and (p.startswith("function-") or p == "[key]"))
+            )
             line = _line_of(root, loc)
             field = ".".join(str(p) for p in loc) or "(top level)"
             lines.append(f"{source}:{line if line is not None else '?'}: {field}: {err['msg']}")

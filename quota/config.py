@@ -37,14 +37,55 @@ user, not on a client id or a (user, client-id) pair.
 
 from __future__ import annotations
 
-from typing import Literal
+import ipaddress
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-from quota.keys import PRODUCER_IDS_RATE, TOPIC_CONSUMER_BYTE_RATE, TOPIC_PRODUCER_BYTE_RATE
+from quota.keys import DEFAULT, PRODUCER_IDS_RATE, TOPIC_CONSUMER_BYTE_RATE, TOPIC_PRODUCER_BYTE_RATE
 from quota.rate import QuotaWindow
 
 Rate = float
+
+
+# Checked in a config file (validated with the context ``{"config_file": True}``): the quota API's
+# overlay and the tuning job's proposals carry names as Kafka has them, which need not be so.
+CONFIG_FILE = "config_file"
+
+
+def _in_file(info: ValidationInfo) -> bool:
+    return bool(info.context and info.context.get(CONFIG_FILE))
+
+
+def _ip_key(key: str, info: ValidationInfo) -> str:
+    """An ``ips`` key is an address as a client connects from it, or <default>: a host name or a
+    network would be accepted and never match a connection."""
+    if key == DEFAULT or not _in_file(info):
+        return key
+    try:
+        ipaddress.ip_address(key)
+    except ValueError:
+        raise ValueError(
+            f"{key!r} is not an IP address: a connection quota applies to the exact address a "
+            "client connects from (an IPv4 or IPv6 literal such as 10.0.0.5 or 2001:db8::5, or "
+            "<default>); host names and networks never match"
+        ) from None
+    return key
+
+
+def _user_key(key: str, info: ValidationInfo) -> str:
+    """A ``users`` key is the principal's name, as Kafka's /config/users/<user> has it: a key
+    written with the principal's type never matches."""
+    if key.startswith("User:") and _in_file(info):
+        raise ValueError(
+            f"{key!r}: a user key is the principal's name without its type; write "
+            f"{key.removeprefix('User:')!r} (Kafka's /config/users/{key.removeprefix('User:')})"
+        )
+    return key
+
+
+IpKey = Annotated[str, AfterValidator(_ip_key)]
+UserKey = Annotated[str, AfterValidator(_user_key)]
 
 
 class _Strict(BaseModel):
@@ -174,8 +215,10 @@ class QuotaConfig(_Strict):
     """How controller mutations are charged."""
     producer_ids: ProducerIdOptions = Field(default_factory=ProducerIdOptions)
     """How new producer ids are tracked per user."""
-    ips: dict[str, IpQuotas] = Field(default_factory=dict)
-    """KIP-612 connection_creation_rate per client IP: the exact address before <default>."""
+    ips: dict[IpKey, IpQuotas] = Field(default_factory=dict)
+    """KIP-612 connection_creation_rate per client IP: the exact address before <default>. Keys
+    are IPv4 or IPv6 literals (or <default>); a host name or a network is refused, as it would
+    never match a connection."""
     dry_run: bool = False
     """Compute, count and log throttles, apply none."""
     produce_shaping: Literal["steady", "kafka"] = "steady"
@@ -192,9 +235,10 @@ class QuotaConfig(_Strict):
     """An entity throttled on one connection has its other connections' next Produce/Fetch held
     until the throttle has passed (one quota across connections and brokers, at every moment
     rather than on average)."""
-    users: dict[str, UserQuotas] = Field(default_factory=dict)
+    users: dict[UserKey, UserQuotas] = Field(default_factory=dict)
     """Quotas by user (the SASL or TLS principal; ANONYMOUS without either), <default> for every
-    other user: /config/users/<user>."""
+    other user: /config/users/<user>. Keys are the principal's name without its type (alice, not
+    User:alice, which is refused)."""
     clients: dict[str, ClientQuotas] = Field(default_factory=dict)
     """Quotas by client id, <default> for every other client id: /config/clients/<client-id>."""
     topics: dict[str, TopicQuotas] = Field(default_factory=dict)
