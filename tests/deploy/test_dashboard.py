@@ -47,7 +47,7 @@ PROMQL_FUNCTIONS = {
 def exported_metrics() -> dict[str, str]:
     """Every metric the proxy defines (proxy/ and quota/ source), exposed name -> constructor."""
     names: dict[str, str] = {}
-    for path in [*(REPO / "proxy").glob("*.py"), *(REPO / "quota").glob("*.py")]:
+    for path in [*(REPO / "proxy").rglob("*.py"), *(REPO / "quota").glob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not (isinstance(node, ast.Call) and node.args):
                 continue
