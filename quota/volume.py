@@ -28,11 +28,15 @@ PAUSE it is ``max_delay_ms``, the delay the curve reaches at the hard limit: the
 bytes back then and may use it as the throttle time it tells clients.
 
 Fail-safe. A live broker whose state cannot be determined (no snapshot, the last one stale or from
-too far in the future, or its last record undecodable) is undetermined. With fail_safe PAUSE the
-cluster is PAUSE while any is; with OPEN the undetermined brokers count as open and the others still
-decide. Before the live brokers are known (or when told none are), it is undetermined as a whole:
-PAUSE, or with OPEN every fresh snapshot counts. Snapshots of brokers not live are kept (a broker
-may come back) but never counted while it is not live.
+too far in the future, or its last record undecodable) is undetermined. With fail_safe LAST_KNOWN
+(the default) a stale broker's last snapshot still counts for ``last_known_ms`` past its staleness
+(its volumes fill no faster than they did: the state it last said, throttle included, holds), and
+then, like a broker never heard from, it counts as open while the others still decide: one
+broker's silent publisher cannot stop every producer of the cluster. With OPEN the undetermined
+brokers count as open at once; with PAUSE (the proposal's choice, the strictest) the cluster is
+PAUSE while any is. Before the live brokers are known (or when told none are), it is undetermined
+as a whole: PAUSE, or with OPEN and LAST_KNOWN every fresh snapshot counts. Snapshots of brokers
+not live are kept (a broker may come back) but never counted while it is not live.
 """
 
 from __future__ import annotations
@@ -62,8 +66,9 @@ _SEVERITY = {VolumeState.OPEN: 0, VolumeState.THROTTLE: 1, VolumeState.PAUSE: 2}
 
 
 class FailSafe(enum.StrEnum):
-    """What to do while a live broker's state is unknown; PAUSE is the proposal's default."""
+    """What to do while a live broker's state is unknown (the proposal's default is PAUSE)."""
 
+    LAST_KNOWN = "last_known"  # its last state for a bounded time, then open
     PAUSE = "pause"
     OPEN = "open"
 
@@ -211,12 +216,15 @@ class VolumeOptions:
     """The consumer's settings (volume config: staleness, fail_safe, max_throttle_delay_ms)."""
 
     staleness_ms: float = 60_000.0
-    fail_safe: FailSafe = FailSafe.PAUSE
+    fail_safe: FailSafe = FailSafe.LAST_KNOWN
     max_delay_ms: int = 5_000
+    last_known_ms: float = 300_000.0  # LAST_KNOWN: how long past its staleness a snapshot counts
 
     def __post_init__(self) -> None:
         if not self.staleness_ms > 0:
             raise ValueError(f"staleness_ms must be > 0, got {self.staleness_ms}")
+        if self.last_known_ms < 0:
+            raise ValueError(f"last_known_ms must be >= 0, got {self.last_known_ms}")
         if self.max_delay_ms < 1:
             raise ValueError(f"max_delay_ms must be >= 1, got {self.max_delay_ms}")
 
@@ -417,7 +425,18 @@ class VolumeQuotas:
                 soonest = min(soonest, at - staleness)
             elif now_ms <= at + staleness:  # FRESH up to and at at + staleness
                 soonest = min(soonest, math.nextafter(at + staleness, math.inf))
+            elif now_ms <= at + staleness + self.options.last_known_ms:  # last known, then not
+                soonest = min(soonest, math.nextafter(at + staleness + self.options.last_known_ms, math.inf))
         return soonest
+
+    def _last_known(self, broker: _Broker | None, status: BrokerStatus, now_ms: float) -> bool:
+        """Under LAST_KNOWN, a stale snapshot still counts: up to ``last_known_ms`` past its
+        staleness."""
+        if self.options.fail_safe is not FailSafe.LAST_KNOWN or status is not BrokerStatus.STALE:
+            return False
+        assert broker is not None and broker.snapshot is not None
+        age = now_ms - broker.snapshot.snapshot_at_ms
+        return age <= self.options.staleness_ms + self.options.last_known_ms
 
     def _compute(self, now_ms: float) -> VolumeVerdict:
         opts = self.options
@@ -432,7 +451,8 @@ class VolumeQuotas:
             status = self._status(broker, now_ms)
             is_live = live is not None and broker_id in live
             fresh = status is BrokerStatus.FRESH
-            evaluations = broker.evaluations if fresh and broker is not None else ()
+            usable = fresh or self._last_known(broker, status, now_ms)
+            evaluations = broker.evaluations if usable and broker is not None else ()
             if is_live or not live_known:
                 counted.extend(evaluations)
             if is_live and not fresh:

@@ -7,7 +7,8 @@ Shape (YAML)::
       topic: __kthrottle_volume_usage          # compacted, keyed by broker id
       publish_interval_seconds: 10             # publish on start, then this often
       staleness_seconds: 60                    # snapshots older than this are ignored
-      fail_safe: pause                         # pause | open: while a live broker's state is unknown
+      fail_safe: last_known                    # last_known | open | pause: while a broker is unknown
+      last_known_seconds: 300                  # last_known: a stale broker's state counts this long
       max_throttle_delay_ms: 5000              # the produce delay at the hard limit
       soft_limit: {type: MinFreePercentage, value: 10}    # throttle past it
       hard_limit: {type: MinFreePercentage, value: 5}     # pause at it
@@ -175,10 +176,18 @@ class VolumeConfig(_Strict):
     publish_interval_seconds: float = Field(10.0, gt=0, le=3600)
     """Usage is measured and published on start, then this often."""
     staleness_seconds: float = Field(60.0, gt=0, le=86400)
-    """Snapshots older than this are ignored; longer than publish_interval_seconds."""
-    fail_safe: FailSafe = FailSafe.PAUSE
-    """The state while a live broker's usage is unknown (missing, stale, undecodable, or stamped in
-    the future): pause, or open."""
+    """A snapshot older than this is stale: its broker's usage is unknown and fail_safe says what
+    holds; longer than publish_interval_seconds."""
+    fail_safe: FailSafe = FailSafe.LAST_KNOWN
+    """What holds while a live broker's usage is unknown (missing, stale, undecodable, or stamped in
+    the future). last_known: a stale broker's last snapshot still counts (the state it said,
+    throttle included) for last_known_seconds past its staleness, then it counts as open, like a
+    broker never heard from, while the others still decide: one broker whose publisher stopped
+    does not stop every producer. open: an unknown broker counts as open at once. pause: the
+    Strimzi proposal's choice, the strictest: every produce request in the cluster is parked
+    while any live broker's usage is unknown."""
+    last_known_seconds: float = Field(300.0, ge=0, le=86400)
+    """fail_safe last_known: how long past its staleness a broker's last snapshot still counts."""
     max_throttle_delay_ms: int = Field(5000, ge=1, le=600_000)
     """The produce delay at the hard limit; it grows linearly from 0 at the soft limit."""
     soft_limit: LimitConfig = Field(default_factory=_default_soft)
@@ -244,4 +253,5 @@ class VolumeConfig(_Strict):
             staleness_ms=self.staleness_seconds * 1000.0,
             fail_safe=self.fail_safe,
             max_delay_ms=self.max_throttle_delay_ms,
+            last_known_ms=self.last_known_seconds * 1000.0,
         )

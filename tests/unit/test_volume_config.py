@@ -41,13 +41,15 @@ def test_defaults() -> None:
     cfg = VolumeConfig()
     assert not cfg.enabled
     assert cfg.topic == DEFAULT_TOPIC == "__kthrottle_volume_usage"
-    assert cfg.fail_safe is FailSafe.PAUSE
+    assert cfg.fail_safe is FailSafe.LAST_KNOWN and cfg.last_known_seconds == 300
     assert (cfg.publish_interval_seconds, cfg.staleness_seconds, cfg.max_throttle_delay_ms) == (10, 60, 5000)
     assert cfg.source.type == "describe_log_dirs" and cfg.source.log_dirs == []
     assert cfg.policy() == LimitPolicy(
         LimitDefinition(LimitType.MIN_FREE_PERCENTAGE, 10), LimitDefinition(LimitType.MIN_FREE_PERCENTAGE, 5)
     )
-    assert cfg.options() == VolumeOptions(staleness_ms=60_000, fail_safe=FailSafe.PAUSE, max_delay_ms=5000)
+    assert cfg.options() == VolumeOptions(
+        staleness_ms=60_000, fail_safe=FailSafe.LAST_KNOWN, max_delay_ms=5000, last_known_ms=300_000
+    )
 
 
 def test_a_full_section() -> None:
@@ -160,7 +162,7 @@ PCT = "MinFreePercentage"
             {"volumes": {"": {"hard_limit": {"type": PCT, "value": 1}}}},
             "volumes: Value error, a volume name must not be empty",
         ),
-        ({"fail_safe": "ignore"}, "fail_safe: Input should be 'pause' or 'open'"),
+        ({"fail_safe": "ignore"}, "fail_safe: Input should be 'last_known', 'pause' or 'open'"),
         (
             {"staleness_seconds": 10, "publish_interval_seconds": 10},
             ": Value error, staleness_seconds (10) must be longer than publish_interval_seconds (10), "

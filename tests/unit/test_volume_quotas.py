@@ -258,7 +258,7 @@ def test_the_publishers_policy_puts_overrides_on_their_volumes() -> None:
 # --- staleness and the fail-safe -------------------------------------------------------------
 
 
-def test_a_stale_snapshot_pauses_with_the_default_fail_safe() -> None:
+def test_a_stale_snapshot_pauses_with_fail_safe_pause() -> None:
     q = cluster()
     assert reading(q, T0 + S) == (OPEN, 0, Reason.WITHIN_LIMITS)  # exactly the staleness: still fresh
     for b in (1, 3):
@@ -280,6 +280,39 @@ def test_a_stale_snapshot_pauses_with_the_default_fail_safe() -> None:
     q.update(2, snap(T0 + S + 2, 0), T0 + S + 2)  # it publishes again
     v = q.evaluate(T0 + S + 2)
     assert (v.state, v.reason, v.fail_safe, v.undetermined) == (OPEN, Reason.WITHIN_LIMITS, None, ())
+
+
+def test_the_default_fail_safe_holds_a_silent_brokers_last_state_for_a_bounded_time() -> None:
+    """One broker's publisher stops: its last state (a throttle) still holds for last_known past
+    its staleness, then it counts as open and the others decide; it never pauses the cluster."""
+    assert VolumeOptions().fail_safe is FailSafe.LAST_KNOWN
+    known = 60_000.0
+    q = VolumeQuotas(VolumeOptions(staleness_ms=S, max_delay_ms=MAX, last_known_ms=known), T0)
+    q.set_live_brokers([1, 2, 3], T0)
+    q.update(2, snap(T0, 850), T0)  # broker 2 past its soft limit, then silent
+    for b in (1, 3):
+        q.update(b, snap(T0 + S, 0), T0 + S)
+    v = q.evaluate(T0 + S + 1)
+    assert (v.state, v.delay_ms, v.reason) == (THROTTLE, 500, Reason.SOFT_LIMIT)  # its last state holds
+    assert (v.fail_safe, v.undetermined) == (FailSafe.LAST_KNOWN, ((2, BrokerStatus.STALE),))
+    assert reading(q, T0 + S + known) == (THROTTLE, 500, Reason.SOFT_LIMIT)  # to the bound's end
+    for b in (1, 3):
+        q.update(b, snap(T0 + S + known, 0), T0 + S + known)
+    v = q.evaluate(T0 + S + known + 1)  # past it: open, never paused
+    assert (v.state, v.delay_ms, v.reason, v.fail_safe) == (
+        OPEN,
+        0,
+        Reason.WITHIN_LIMITS,
+        FailSafe.LAST_KNOWN,
+    )
+
+
+def test_a_broker_never_heard_from_counts_as_open_with_the_default_fail_safe() -> None:
+    q = VolumeQuotas(VolumeOptions(staleness_ms=S, max_delay_ms=MAX), T0)
+    q.set_live_brokers([1, 2], T0)
+    q.update(1, snap(T0, 850), T0)
+    v = q.evaluate(T0 + 1)
+    assert (v.state, v.reason, v.undetermined) == (THROTTLE, Reason.SOFT_LIMIT, ((2, BrokerStatus.MISSING),))
 
 
 def test_a_stale_snapshot_is_ignored_with_fail_safe_open() -> None:
@@ -355,7 +388,10 @@ def test_a_stale_broker_no_longer_live_does_not_trigger_the_fail_safe_and_is_dro
 
 
 def test_before_the_live_brokers_are_known() -> None:
-    q = VolumeQuotas(VolumeOptions(staleness_ms=S, max_delay_ms=MAX), T0)
+    default = VolumeQuotas(VolumeOptions(staleness_ms=S, max_delay_ms=MAX), T0)
+    default.update(1, snap(T0, 850), T0)  # last_known: every fresh snapshot counts meanwhile
+    assert reading(default, T0) == (THROTTLE, 500, Reason.SOFT_LIMIT)
+    q = VolumeQuotas(VolumeOptions(staleness_ms=S, fail_safe=FailSafe.PAUSE, max_delay_ms=MAX), T0)
     q.update(1, snap(T0, 850), T0)
     v = q.evaluate(T0)
     assert (v.state, v.delay_ms, v.reason) == (PAUSE, MAX, Reason.NO_LIVE_BROKERS)
