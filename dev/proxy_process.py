@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -65,10 +66,10 @@ class ProxyProcess:
     def __init__(
         self, config: dict[str, Any], workdir: Path | None = None, python: str = sys.executable
     ) -> None:
-        self.config = config
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="kthrottle-proxy-")
         self.workdir = workdir or Path(self._tmp.name)  # type: ignore[union-attr]
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config = self._with_admin_token(config)
         self.config_path = self.workdir / "kthrottle.yaml"
         self.ready_path = self.workdir / "ready.json"
         self.log_path = self.workdir / "kthrottle.log"
@@ -76,6 +77,29 @@ class ProxyProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.ports: dict[str, int] = {}
         self.admin_port: int | None = None
+
+    def _with_admin_token(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The admin endpoints that name users and client ids need a token (as an operator sets
+        one): a config that gives none gets one here, and ``admin_get`` sends it."""
+        admin = dict(config.get("admin") or {})
+        if (
+            admin.get("enabled") is False
+            or admin.get("token_file")
+            or admin.get("allow_unauthenticated_reads")
+        ):
+            return config
+        token_file = self.workdir / "admin-token"
+        token_file.write_text(secrets.token_hex(16) + "\n")
+        return {**config, "admin": {**admin, "token_file": str(token_file)}}
+
+    @property
+    def admin_token(self) -> str | None:
+        """The admin token from the config's ``admin.token_file``, if it has one."""
+        path = (self.config.get("admin") or {}).get("token_file")
+        try:
+            return Path(path).read_text().strip() if path else None
+        except OSError:
+            return None
 
     def start(self, timeout: float = 60.0) -> ProxyProcess:
         self.config_path.write_text(yaml.safe_dump(self.config))
@@ -160,9 +184,12 @@ class ProxyProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def admin_get(self, path: str) -> tuple[int, str]:
-        url = f"{self.admin_url}{path}"
+        request = urllib.request.Request(f"{self.admin_url}{path}")
+        token = self.admin_token
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
         try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
+            with urllib.request.urlopen(request, timeout=5) as resp:
                 return resp.status, resp.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()

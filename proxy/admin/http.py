@@ -35,18 +35,17 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-# Every endpoint that changes state goes through ``AdminAuth.protect``; these are the open ones.
-READ_ONLY_ENDPOINTS = (
-    "/metrics",
-    "/healthz",
-    "/readyz",
+# Open to anyone who reaches the port: probes, metrics (per-entity series are bounded and named
+# only for the busiest), the volume state and the replicas' liveness probe.
+OPEN_ENDPOINTS = ("/metrics", "/healthz", "/readyz", "/volume", "/cluster/peer")
+# They name users, client ids or addresses: the token, unless admin.allow_unauthenticated_reads
+# (``AdminAuth.protect_read``). Every endpoint that changes state goes through ``AdminAuth.protect``.
+TOKEN_READ_ENDPOINTS = (
     "/quotas",
     "/quotas/entity",
     "/quotas/ip",
     "/quotas/cluster",
-    "/cluster/peer",
     "/quotas/client-quotas (GET)",
-    "/volume",
 )
 
 
@@ -57,6 +56,7 @@ class AdminAuth:
     def __init__(self, cfg: AdminConfig) -> None:
         self.path: Path | None = cfg.token_file
         self.open = cfg.allow_unauthenticated_changes
+        self.open_reads = cfg.allow_unauthenticated_reads
         self._signature: tuple[int, int, int] | None = None
         self._token: bytes | None = None
         if self.path is not None:
@@ -84,11 +84,20 @@ class AdminAuth:
         else:
             log.info("admin: token read from %s", self.path)
 
-    def check(self, request: web.Request) -> web.Response | None:
-        """None when the request may change state; else the refusal to send."""
+    def check(self, request: web.Request, reading: bool = False) -> web.Response | None:
+        """None when the request may change state (``reading``: may read what names users,
+        client ids or addresses); else the refusal to send."""
+        if reading and self.open_reads:
+            return None
         if self.path is None:
-            if self.open:
+            if self.open and not reading:
                 return None
+            if reading:
+                return _error(
+                    403,
+                    "admin endpoints that name users, client ids or addresses need a token: set "
+                    "admin.token_file (or admin.allow_unauthenticated_reads: true)",
+                )
             return _error(
                 403,
                 "state-changing admin endpoints are disabled: set admin.token_file "
@@ -102,7 +111,7 @@ class AdminAuth:
             response.headers["WWW-Authenticate"] = 'Bearer realm="kthrottle"'
             return response
         if self._token is None:
-            return _error(403, "the admin token file is unreadable or empty; changes are refused")
+            return _error(403, "the admin token file is unreadable or empty: refused")
         if not hmac.compare_digest(given.strip().encode(), self._token):
             return _error(403, "wrong admin token")
         return None
@@ -110,6 +119,13 @@ class AdminAuth:
     def protect(self, handler: Handler) -> Handler:
         async def guarded(request: web.Request) -> web.StreamResponse:
             refused = self.check(request)
+            return refused if refused is not None else await handler(request)
+
+        return guarded
+
+    def protect_read(self, handler: Handler) -> Handler:
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            refused = self.check(request, reading=True)
             return refused if refused is not None else await handler(request)
 
         return guarded
@@ -280,9 +296,9 @@ def build_app(server: ProxyServer, auth: AdminAuth | None = None) -> web.Applica
         return web.json_response(state)
 
     app = web.Application()
-    app.router.add_get("/quotas", quotas)
-    app.router.add_get("/quotas/entity", entity)
-    app.router.add_get("/quotas/ip", ip)
+    app.router.add_get("/quotas", auth.protect_read(quotas))
+    app.router.add_get("/quotas/entity", auth.protect_read(entity))
+    app.router.add_get("/quotas/ip", auth.protect_read(ip))
 
     async def volume(_request: web.Request) -> web.Response:
         if server.volume is None:
@@ -327,10 +343,10 @@ def build_app(server: ProxyServer, auth: AdminAuth | None = None) -> web.Applica
         )
         return web.json_response({"validate_only": validate_only, "entries": entries})
 
-    app.router.add_get("/quotas/client-quotas", client_quotas)
+    app.router.add_get("/quotas/client-quotas", auth.protect_read(client_quotas))
     app.router.add_post("/quotas/client-quotas", auth.protect(alter_client_quotas))
     app.router.add_get("/volume", volume)
-    app.router.add_get("/quotas/cluster", cluster)
+    app.router.add_get("/quotas/cluster", auth.protect_read(cluster))
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -39,7 +39,8 @@ def add_parser(sub: Any) -> None:
         "describe",
         help="show the effective quotas (config file + alterations) matching a filter",
         description="Kafka's DescribeClientQuotas filter: a name matches exactly, <default> the "
-        "default entity, * any name; entity types not given match anything unless --strict.",
+        "default entity, * any name; entity types not given match anything unless --strict. "
+        "Needs the admin token unless the proxy allows unauthenticated reads.",
     )
     alter = actions.add_parser(
         "alter",
@@ -56,6 +57,7 @@ def add_parser(sub: Any) -> None:
         )
         p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the proxy (30)")
         p.add_argument("--json", action="store_true", help="print the proxy's JSON answer")
+        p.add_argument("--token-file", type=Path, help="file holding the admin token (admin.token_file)")
     describe.add_argument("--strict", action="store_true", help="only entities with exactly these types")
     alter.add_argument(
         "--add",
@@ -68,7 +70,6 @@ def add_parser(sub: Any) -> None:
         "--delete", action="append", default=[], metavar="KEY[,KEY]", help="remove quota keys (repeatable)"
     )
     alter.add_argument("--validate-only", action="store_true", help="validate, change nothing")
-    alter.add_argument("--token-file", type=Path, help="file holding the admin token (admin.token_file)")
 
 
 def _entity(args: argparse.Namespace) -> dict[str, str | None]:
@@ -165,27 +166,24 @@ def _usage_lines(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     base = args.admin_url.rstrip("/") + "/quotas/client-quotas"
+    token = None
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            print(f"kthrottle: cannot read --token-file {args.token_file}: {exc.strerror}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         if args.quotas_command == "describe":
             query = {k: DEFAULT if v is None else v for k, v in _entity(args).items()}
             if args.strict:
                 query["strict"] = "true"
             url = base + (f"?{urllib.parse.urlencode(query)}" if query else "")
-            status, answer = _call(url, args.timeout)
+            status, answer = _call(url, args.timeout, token=token)
         else:
             entity = _entity(args)
             if not entity:
                 raise UsageError("give the entity: --user, --client-id (both for a pair) or --ip")
-            token = None
-            if args.token_file is not None:
-                try:
-                    token = args.token_file.read_text(encoding="utf-8").strip()
-                except OSError as exc:
-                    print(
-                        f"kthrottle: cannot read --token-file {args.token_file}: {exc.strerror}",
-                        file=sys.stderr,
-                    )
-                    return EXIT_USAGE
             body = {"entries": [{"entity": entity, "ops": _ops(args)}], "validate_only": args.validate_only}
             status, answer = _call(base, args.timeout, body, token)
     except UsageError as exc:

@@ -236,13 +236,47 @@ async def test_http_describe_and_alter(tmp_path: Path) -> None:
         assert (await resp.json())["entries"] == [
             {"entity": {"user": "bob"}, "error_code": "NONE", "error": None}
         ]
-        resp = await client.get("/quotas/client-quotas", params={"user": "*", "strict": "true"})
+        auth = {"Authorization": "Bearer tok"}
+        query = {"user": "*", "strict": "true"}
+        assert (await client.get("/quotas/client-quotas", params=query)).status == 401  # it names users
+        resp = await client.get("/quotas/client-quotas", params=query, headers=auth)
         entries = (await resp.json())["entries"]
         assert {"entity": {"user": "bob"}, "values": {"producer_byte_rate": 64.0}} in entries
-        resp = await client.get("/quotas/client-quotas", params={"ip": "*", "user": "x"})
+        resp = await client.get("/quotas/client-quotas", params={"ip": "*", "user": "x"}, headers=auth)
         assert resp.status == 400
         bad = await client.post("/quotas/client-quotas", data=b"{", headers={"Authorization": "Bearer tok"})
         assert bad.status == 400
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    ("admin", "named", "expected"),
+    [
+        ("{}", None, 403),  # no token file: closed, and the message says how to open it
+        ("{token_file: TOKEN}", None, 401),
+        ("{token_file: TOKEN}", "Bearer wrong", 403),
+        ("{token_file: TOKEN}", "Bearer tok", 200),
+        ("{allow_unauthenticated_reads: true}", None, 200),
+    ],
+)
+async def test_endpoints_that_name_users_need_the_token_and_probes_do_not(
+    tmp_path: Path, admin: str, named: str | None, expected: int
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("tok")
+    server = _server(GATEWAY + "admin: " + admin.replace("TOKEN", str(token_file)) + "\n")
+    client = TestClient(TestServer(build_app(server)))
+    await client.start_server()
+    try:
+        headers = {"Authorization": named} if named else {}
+        for path in ("/quotas", "/quotas/entity?client_id=app", "/quotas/ip?ip=10.0.0.1", "/quotas/cluster"):
+            resp = await client.get(path, headers=headers)
+            assert resp.status == expected, (path, await resp.text())
+            if expected == 403 and admin == "{}":
+                assert "admin.allow_unauthenticated_reads" in (await resp.json())["error"]
+        for path in ("/healthz", "/metrics", "/volume", "/cluster/peer"):  # probes and metrics: open
+            assert (await client.get(path)).status in (200, 404), path
     finally:
         await client.close()
 
