@@ -51,8 +51,13 @@ class MountedConfigMap:
             old.rmdir()
 
 
+TOKEN = "configmap-reload-token"
+
+
 def _get(port: int, path: str) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    request.add_header("Authorization", f"Bearer {TOKEN}")  # /quotas names users: the admin token
+    with urllib.request.urlopen(request, timeout=10) as response:
         body: bytes = response.read()
     return body.decode()
 
@@ -78,6 +83,9 @@ def test_quota_change_in_the_configmap_applies_without_restart(helm: str, tmp_pa
     config = yaml.safe_load(data["kthrottle.yaml"])
     config["bind_host"] = "127.0.0.1"  # the pod's 0.0.0.0, kept to loopback here
     config["admin"]["host"] = "127.0.0.1"
+    token_file = tmp_path / "admin-token"  # the chart's admin.token Secret, mounted
+    token_file.write_text(TOKEN + "\n")
+    config["admin"]["token_file"] = str(token_file)
     config["capture"]["enabled"] = False
     config.pop("upstream_sasl")  # its password Secret is not mounted here
     data["kthrottle.yaml"] = yaml.safe_dump(config)
