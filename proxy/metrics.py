@@ -115,6 +115,18 @@ class ProxyMetrics:
             ["result"],
             registry=r,
         )
+        self.config_last_reload_ok = Gauge(
+            "kthrottle_config_last_reload_ok",
+            "1 when the config file as it is now on disk is the one in force; 0 while the last "
+            "change to it was refused (the last good config stays; the log says why)",
+            registry=r,
+        )
+        self.config_last_reload_ok.set(1)
+        self.config_restart_pending = Gauge(
+            "kthrottle_config_restart_pending",
+            "Settings changed in the config file that take effect only at a restart (0: none)",
+            registry=r,
+        )
         self.entity_holds = Counter(
             "kthrottle_entity_holds",
             "Requests held, unread, because another connection of the same client (user, client id) "

@@ -86,10 +86,13 @@ async def watch(server: ProxyServer, path: Path, interval: float = 1.0) -> None:
             new = load_config(path)
         except ConfigError as exc:
             server.metrics.config_reloads.labels("rejected").inc()
+            server.metrics.config_last_reload_ok.set(0)
             log.error("config reload refused, keeping the last good config: %s", exc)
             continue
         pending = apply(server, new)
         server.metrics.config_reloads.labels("applied").inc()
+        server.metrics.config_last_reload_ok.set(1)
+        server.metrics.config_restart_pending.set(len(pending))
         log.info("config reloaded from %s", path)
         if pending:
             log.warning("these settings changed but need a restart to apply: %s", ", ".join(pending))

@@ -1,8 +1,13 @@
 """Per-entity and per-partition quota metrics, like Kafka's byte-rate and throttle-time sensors.
 
 Collected at scrape time from the quota state, so the request path pays nothing for them. Label
-cardinality is bounded: the ``max_series`` busiest entities (by current rate) and partitions get
-their own series; the rest are summed into one series labelled ``__other__``.
+cardinality is bounded: at most ``max_series`` entities (and as many partitions) of each table
+get their own series, the rest one series labelled ``__other__``; so at most
+``max_series + 1`` series per metric and direction. Which entities are named is stable: one
+enters while it is among the busiest and there is room, and leaves only after
+``HOLD_SCRAPES`` scrapes out of them (or when its state expires), so a series does not come and
+go between scrapes. ``__other__`` counters only go up: they add what the unnamed entities
+throttled since the previous scrape, whoever is named now.
 """
 
 from __future__ import annotations
@@ -16,12 +21,55 @@ from prometheus_client.registry import Collector
 from proxy.shared.throttling import QuotaEnforcer
 
 OTHER = "__other__"
+HOLD_SCRAPES = 10  # scrapes an entity stays named after it left the busiest
+
+
+class SeriesSelector:
+    """Which entities of one table have series of their own, with hysteresis, and the running
+    totals of the counters of those that do not."""
+
+    def __init__(self) -> None:
+        self.named: dict[tuple[str, ...], int] = {}  # key -> scrapes since it was among the busiest
+        self._last: dict[tuple[str, ...], tuple[float, ...]] = {}
+        self.other_counters: dict[int, float] = {}
+
+    def select(
+        self, rows: list[tuple[Any, ...]], limit: int, counters: Sequence[int]
+    ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        """Split ``rows`` (labels, then values; busiest first) into the named and the rest, and
+        add the rest's counter increments (value indices ``counters``) to ``other_counters``."""
+        present = {row[0]: row[1:] for row in rows}
+        busiest = {row[0] for row in rows[:limit]}
+        for key in list(self.named):
+            if key not in present:
+                del self.named[key]
+            elif key in busiest:
+                self.named[key] = 0
+            else:
+                self.named[key] += 1
+                if self.named[key] >= HOLD_SCRAPES:
+                    del self.named[key]
+        for row in rows[:limit]:
+            if len(self.named) >= limit:
+                break
+            self.named.setdefault(row[0], 0)
+        named = [row for row in rows if row[0] in self.named]
+        rest = [row for row in rows if row[0] not in self.named]
+        for key, *values in rest:
+            before = self._last.get(key)
+            for i in counters:
+                grown = values[i] - (before[i] if before is not None else 0.0)
+                if grown > 0:
+                    self.other_counters[i] = self.other_counters.get(i, 0.0) + grown
+        self._last = {key: tuple(values) for key, *values in rows}
+        return named, rest
 
 
 class QuotaCollector(Collector):
     def __init__(self, enforcer: QuotaEnforcer, max_series: int = 500) -> None:
         self.enforcer = enforcer
         self.max_series = max_series
+        self._selectors: dict[str, SeriesSelector] = {}
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         now = self.enforcer.now_ms()
@@ -39,6 +87,12 @@ class QuotaCollector(Collector):
         throttle = CounterMetricFamily(
             "kthrottle_client_throttle_time_ms",
             "Throttle time decided for each quota bucket (user, client-id)",
+            labels=["direction", "user", "client_id"],
+        )
+        quota = GaugeMetricFamily(
+            "kthrottle_client_quota",
+            "The byte-rate quota (bytes per second) of each quota bucket with a series of its own in "
+            "kthrottle_client_byte_rate: usage against quota is the ratio of the two",
             labels=["direction", "user", "client_id"],
         )
         prate = GaugeMetricFamily(
@@ -60,13 +114,20 @@ class QuotaCollector(Collector):
                     mine, total = quotas.shared_rates((a, b), now)
                     rows.append(((a, b), total, mine, r.throttled_ms))
                 rows.sort(key=lambda row: -row[1])
-                self._bounded((rate, share, throttle), rows, prefix=(direction,))
+                table = f"clients:{direction}:shared"
+                named = self._bounded(table, (rate, share, throttle), rows, prefix=(direction,))
             else:
                 clients = [((a, b), r.measure(now), r.throttled_ms) for (a, b), r in quotas.clients.items()]
-                self._bounded((rate, throttle), sorted(clients, key=lambda row: -row[1]), prefix=(direction,))
+                clients.sort(key=lambda row: -row[1])
+                named = self._bounded(f"clients:{direction}", (rate, throttle), clients, prefix=(direction,))
+            for (a, b), *_values in named:
+                match = quotas.match(a, b) if a or b else None
+                if match is not None:
+                    quota.add_metric([direction, a, b], match.quota)
             parts = [((t, str(p)), r.measure(now), r.throttled_ms) for (t, p), r in quotas.partitions.items()]
-            self._bounded((prate, pthrottle), sorted(parts, key=lambda row: -row[1]), prefix=(direction,))
-        yield from (rate, throttle, prate, pthrottle)
+            parts.sort(key=lambda row: -row[1])
+            self._bounded(f"partitions:{direction}", (prate, pthrottle), parts, prefix=(direction,))
+        yield from (rate, throttle, quota, prate, pthrottle)
         if shared:
             yield share
         tracked = GaugeMetricFamily(
@@ -87,23 +148,34 @@ class QuotaCollector(Collector):
 
     def _bounded(
         self,
+        table: str,
         families: Sequence[GaugeMetricFamily | CounterMetricFamily],
         rows: list[tuple[Any, ...]],
         combine: dict[int, Callable[[Iterable[float]], float]] | None = None,
         prefix: tuple[str, ...] = (),
-    ) -> None:
-        """Add rows (label values, then one value per family), busiest first: the first
-        ``max_series`` get their own series, the rest one ``__other__`` series (summed unless
-        ``combine`` says otherwise for a family). ``prefix`` labels go before each row's."""
-        for labels, *values in rows[: self.max_series]:
+    ) -> list[tuple[Any, ...]]:
+        """Add rows (label values, then one value per family), busiest first: the named ones
+        (``SeriesSelector``, one per ``table``) get their own series, the rest one ``__other__``
+        series (gauges summed unless ``combine`` says otherwise; counters the running total).
+        ``prefix`` labels go before each row's. Returns the named rows."""
+        selector = self._selectors.get(table)
+        if selector is None:
+            selector = self._selectors[table] = SeriesSelector()
+        counters = [i for i, family in enumerate(families) if isinstance(family, CounterMetricFamily)]
+        named, rest = selector.select(rows, self.max_series, counters)
+        for labels, *values in named:
             for family, value in zip(families, values, strict=True):
                 family.add_metric([*prefix, *labels], value)
-        rest = rows[self.max_series :]
-        if rest:
-            other = [*prefix, *[OTHER] * len(rest[0][0])]
+        if rest or selector.other_counters:
+            width = len(rows[0][0]) if rows else len(families[0]._labelnames) - len(prefix)
+            other = [*prefix, *[OTHER] * width]
             for i, family in enumerate(families):
-                aggregate = (combine or {}).get(i, sum)
-                family.add_metric(other, aggregate(r[i + 1] for r in rest))
+                if i in counters:
+                    family.add_metric(other, selector.other_counters.get(i, 0.0))
+                else:
+                    aggregate = (combine or {}).get(i, sum)
+                    family.add_metric(other, aggregate(r[i + 1] for r in rest) if rest else 0.0)
+        return named
 
     def _producer_ids(self, now: float) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         """KIP-936: new producer ids per second per user, and what the bloom filters hold."""
@@ -124,7 +196,7 @@ class QuotaCollector(Collector):
             labels=["user"],
         )
         rows = [((user,), *values) for user, *values in quotas.snapshot(now)]
-        self._bounded((rate, throttle, memory), sorted(rows, key=lambda row: -row[1]))
+        self._bounded("producer_ids", (rate, throttle, memory), sorted(rows, key=lambda row: -row[1]))
         total = GaugeMetricFamily(
             "kthrottle_producer_id_filter_bytes_total", "Bytes held by all producer-id bloom filters"
         )
@@ -144,7 +216,7 @@ class QuotaCollector(Collector):
             labels=labels,
         )
         rows = sorted(self.enforcer.request_time.snapshot(now), key=lambda row: -row[1])
-        self._bounded((pct, throttle), rows)
+        self._bounded("request_time", (pct, throttle), rows)
         yield from (pct, throttle)
 
     def _connections(self, now: float) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
@@ -159,7 +231,7 @@ class QuotaCollector(Collector):
             labels=["ip"],
         )
         rows = [((ip,), *values) for ip, *values in self.enforcer.connections.snapshot(now)]
-        self._bounded((rate, throttle), sorted(rows, key=lambda row: -row[1]))
+        self._bounded("connections", (rate, throttle), sorted(rows, key=lambda row: -row[1]))
         yield from (rate, throttle)
 
     def _mutations(self, now: float) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
@@ -179,5 +251,5 @@ class QuotaCollector(Collector):
             labels=labels,
         )
         rows = sorted(self.enforcer.mutations.snapshot(now), key=lambda row: row[1])  # most throttled first
-        self._bounded((tokens, rate, throttle), rows, combine={0: min})
+        self._bounded("mutations", (tokens, rate, throttle), rows, combine={0: min})
         yield from (tokens, rate, throttle)

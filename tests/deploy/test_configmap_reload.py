@@ -128,6 +128,8 @@ def test_quota_change_in_the_configmap_applies_without_restart(helm: str, tmp_pa
         assert json.loads(_get(admin, "/quotas"))["users"]["bob"]["producer_byte_rate"] == 2048
         metrics = _get(admin, "/metrics")
         assert 'kthrottle_config_reloads_total{result="applied"} 1.0' in metrics
+        assert "kthrottle_config_last_reload_ok 1.0" in metrics
+        assert "kthrottle_config_restart_pending 0.0" in metrics  # quotas apply live
         assert proc.poll() is None  # the same process: no restart
 
         # A bad file is refused and the last good quotas stay.
@@ -140,6 +142,19 @@ def test_quota_change_in_the_configmap_applies_without_restart(helm: str, tmp_pa
             log,
         )
         assert json.loads(_get(admin, "/quotas"))["users"]["bob"]["producer_byte_rate"] == 2048
+        assert "kthrottle_config_last_reload_ok 0.0" in _get(admin, "/metrics")  # an alert can say so
+
+        # A good file again, with a setting that needs a restart: applied, and the restart pending.
+        data["quotas.yaml"] = "quotas:\n  users:\n    bob: {producer_byte_rate: 4096}\n"
+        data["kthrottle.yaml"] = yaml.safe_dump({**config, "max_frame_bytes": 2 * 1024 * 1024})
+        volume.write(data)
+        _wait_for(
+            "the restart-only change being noticed",
+            lambda: "kthrottle_config_restart_pending 1.0" in _get(admin, "/metrics"),
+            proc,
+            log,
+        )
+        assert "kthrottle_config_last_reload_ok 1.0" in _get(admin, "/metrics")
     finally:
         proc.terminate()
         proc.wait(timeout=60)
