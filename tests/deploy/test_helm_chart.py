@@ -26,7 +26,9 @@ CI = CHART / "ci"
 GATEWAY = CI / "gateway-values.yaml"
 SNI_TLS = CI / "gateway-sni-tls-values.yaml"
 SIDECAR = CI / "sidecar-values.yaml"
-VALUES = {"default": None, "gateway": GATEWAY, "gateway-sni-tls": SNI_TLS, "sidecar": SIDECAR}
+# The chart's defaults plus only what has no sane default (the upstream bootstrap).
+REQUIRED = CI / "required-values.yaml"
+VALUES = {"default": REQUIRED, "gateway": GATEWAY, "gateway-sni-tls": SNI_TLS, "sidecar": SIDECAR}
 K8S_VERSIONS = ("1.29.0", "1.35.0")  # the chart's kubeVersion floor, and a current release
 CRD_GROUPS = ("monitoring.coreos.com/",)  # no schema in kubernetes-validate: checked below instead
 
@@ -46,13 +48,19 @@ def _no_duplicates(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
 
 
-def render(helm: str, values: Path | None, *sets: str) -> str:
+def helm_template(helm: str, values: Path | None, *sets: str) -> subprocess.CompletedProcess[str]:
+    """``helm template`` as a user runs it: with ``values`` (none: the chart's defaults alone)."""
     cmd = [helm, "template", "rel", str(CHART), "--namespace", "kafka"]
     if values is not None:
         cmd += ["-f", str(values)]
     for s in sets:
         cmd += ["--set", s]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def render(helm: str, values: Path | None, *sets: str) -> str:
+    """The rendered manifests; ``values`` None: the defaults plus the required values."""
+    result = helm_template(helm, REQUIRED if values is None else values, *sets)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -417,7 +425,7 @@ def test_sni_tls_config_is_accepted_by_kthrottle(
 
 def test_sni_without_tls_is_refused(helm: str) -> None:
     result = subprocess.run(
-        [helm, "template", "rel", str(CHART), "--set", "gateway.sni.enabled=true"],
+        [helm, "template", "rel", str(CHART), "-f", str(REQUIRED), "--set", "gateway.sni.enabled=true"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -541,6 +549,9 @@ def test_install_dry_run_prints_the_notes(helm: str, values: str) -> None:
     assert result.returncode == 0, result.stderr
     notes = result.stdout.split("NOTES:", 1)[1]
     assert "kthrottle_config_reloads_total" in notes
+    assert "What to check after the install" in notes and '"upstream_reachable": true' in notes
+    if values != "sidecar":
+        assert "rollout status deployment/rel-kthrottle" in notes
     if values == "gateway":
         assert "Clients bootstrap from kafka-proxy.example.com:9092" in notes
         assert "node 4 -> port 19004" in notes
@@ -560,6 +571,9 @@ def test_install_dry_run_prints_the_notes(helm: str, values: str) -> None:
 )
 def test_values_schema_refuses_mistakes(helm: str, setting: str, complaint: str) -> None:
     result = subprocess.run(
-        [helm, "template", "rel", str(CHART), "--set", setting], capture_output=True, text=True, timeout=60
+        [helm, "template", "rel", str(CHART), "-f", str(REQUIRED), "--set", setting],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode != 0 and complaint in result.stderr, result.stderr

@@ -30,6 +30,7 @@ from protocol.api_keys import ApiKey
 from tests.deploy.conftest import CHART, REPO
 from tests.deploy.test_helm_chart import (
     GATEWAY,
+    REQUIRED,
     SIDECAR,
     SNI_TLS,
     VALUES,
@@ -313,6 +314,8 @@ def test_helm_test_pod_only_where_its_targets_are_known(
             "-n",
             "kafka",
             "--dry-run=client",
+            "-f",
+            str(REQUIRED),
             *[a for s in sets for a in ("--set", s)],
         ],
         capture_output=True,
@@ -594,7 +597,10 @@ def test_chart_metadata_home_sources_icon_maintainers() -> None:
 )
 def test_values_schema_refuses_mistakes_in_the_new_values(helm: str, setting: str, complaint: str) -> None:
     result = subprocess.run(
-        [helm, "template", "rel", str(CHART), "--set", setting], capture_output=True, text=True, timeout=60
+        [helm, "template", "rel", str(CHART), "-f", str(REQUIRED), "--set", setting],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode != 0 and complaint in result.stderr, result.stderr
 

@@ -17,6 +17,7 @@ import pytest
 from tests.deploy.conftest import CHART
 from tests.deploy.test_helm_chart import (
     GATEWAY,
+    REQUIRED,
     SIDECAR,
     SNI_TLS,
     assert_valid,
@@ -45,7 +46,7 @@ def cluster_quotas(docs: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def helm_fails(helm: str, *sets: str) -> str:
     """helm template with these settings must fail; returns what it said."""
-    cmd = [helm, "template", "rel", str(CHART)]
+    cmd = [helm, "template", "rel", str(CHART), "-f", str(REQUIRED)]
     for s in sets:
         cmd += ["--set", s]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
@@ -54,7 +55,17 @@ def helm_fails(helm: str, *sets: str) -> str:
 
 
 def notes(helm: str, *sets: str) -> str:
-    cmd = [helm, "install", "rel", str(CHART), "--namespace", "kafka", "--dry-run=client"]
+    cmd = [
+        helm,
+        "install",
+        "rel",
+        str(CHART),
+        "--namespace",
+        "kafka",
+        "--dry-run=client",
+        "-f",
+        str(REQUIRED),
+    ]
     for s in sets:
         cmd += ["--set", s]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)

@@ -160,6 +160,13 @@ app.kubernetes.io/component: kafka-broker
 {{- range $k, $p := ($gw.brokers.ports | default dict) -}}
 {{- $_ := set $ports (toString $k) (int $p) -}}
 {{- end -}}
+{{- if not $gw.upstreamBootstrap -}}
+{{- fail "gateway.upstreamBootstrap is required: host:port of the brokers' client listener, e.g. --set 'gateway.upstreamBootstrap={kafka-0.kafka-headless.kafka.svc:9092}'" -}}
+{{- end -}}
+{{- /* With SNI routing clients are told the SNI names (gateway.sni), not advertised_host. */ -}}
+{{- if and (eq $gw.service.type "LoadBalancer") (not $gw.advertisedHost) (not $gw.sni.enabled) -}}
+{{- fail "gateway.service.type LoadBalancer needs gateway.advertisedHost: the name clients outside the cluster resolve to the load balancer (the proxy tells clients to connect there); without it they are told the in-cluster Service name, which they cannot reach" -}}
+{{- end -}}
 {{- $g := dict "bootstrap_port" (int $gw.bootstrapPort) "broker_port_base" (int $gw.brokers.portBase) "broker_ports" $ports "upstream_bootstrap" $gw.upstreamBootstrap -}}
 {{- if $gw.sni.enabled -}}
 {{- if not $v.tls.enabled -}}
@@ -167,7 +174,8 @@ app.kubernetes.io/component: kafka-broker
 {{- end -}}
 {{- $_ := set $g "sni" (dict "enabled" true "bootstrap_host" $gw.sni.bootstrapHost "broker_host_template" $gw.sni.brokerHostTemplate) -}}
 {{- end -}}
-{{- $_ := set $c "gateway" $g -}}
+{{- /* config.gateway's other settings (sni.advertised_port, ...) are kept: the chart's win. */ -}}
+{{- $_ := set $c "gateway" (merge $g (get $c "gateway" | default dict)) -}}
 {{- else if eq $v.mode "sidecar" -}}
 {{- $s := $v.sidecar -}}
 {{- $_ := set $c "sidecar" (dict "listen_port" (int $s.listenPort) "upstream" $s.upstream "advertised_host" $s.advertisedHost) -}}
@@ -175,6 +183,7 @@ app.kubernetes.io/component: kafka-broker
 {{- fail (printf "mode must be gateway or sidecar, not %v" $v.mode) -}}
 {{- end -}}
 {{- $_ := set $c "quotas_file" "quotas.yaml" -}}
+{{- include "kthrottle.captureFits" (dict "c" $c "v" $v) -}}
 {{- /* Gateway replicas share every quota (cluster_quotas); the user's config.cluster_quotas keys
        win, false included (sprig's merge would let the chart's true overwrite a false). */ -}}
 {{- $shared := int (include "kthrottle.sharedQuotaReplicas" .) -}}
@@ -197,7 +206,8 @@ app.kubernetes.io/component: kafka-broker
 {{- if $v.tls.principalMappingRules -}}
 {{- $_ := set $t "principal_mapping_rules" $v.tls.principalMappingRules -}}
 {{- end -}}
-{{- $_ := set $c "tls" $t -}}
+{{- /* config.tls's other settings (min_version, key_password_file, ...) are kept. */ -}}
+{{- $_ := set $c "tls" (merge $t (get $c "tls" | default dict)) -}}
 {{- end -}}
 {{- if $v.upstreamTls.enabled -}}
 {{- $u := dict "enabled" true "cafile" "/etc/kthrottle/tls/upstream/ca.crt" "check_hostname" $v.upstreamTls.checkHostname -}}
@@ -205,7 +215,8 @@ app.kubernetes.io/component: kafka-broker
 {{- $_ := set $u "certfile" "/etc/kthrottle/tls/upstream/tls.crt" -}}
 {{- $_ := set $u "keyfile" "/etc/kthrottle/tls/upstream/tls.key" -}}
 {{- end -}}
-{{- $_ := set $c "upstream_tls" $u -}}
+{{- /* config.upstream_tls's other settings are kept. */ -}}
+{{- $_ := set $c "upstream_tls" (merge $u (get $c "upstream_tls" | default dict)) -}}
 {{- end -}}
 {{- if $v.upstreamSasl.enabled -}}
 {{- $_ := set $c "upstream_sasl" (dict "username" $v.upstreamSasl.username "password_file" "/etc/kthrottle/sasl/password") -}}
@@ -215,6 +226,43 @@ app.kubernetes.io/component: kafka-broker
 {{- $_ := set $c "quota_api" (merge (dict "mode" $v.quotaApi.mode "admins" $v.quotaApi.admins) (get $c "quota_api" | default dict)) -}}
 {{- end -}}
 {{- toYaml $c -}}
+{{- end -}}
+
+{{/* Capture to files: the image must have pyarrow, and what is kept must fit the data volume.
+     Unless set in config.capture, the files are 64 MiB and as many are kept as fill 80% of
+     dataVolume.sizeLimit; set, they must fit in it. */}}
+{{- define "kthrottle.captureFits" -}}
+{{- $c := .c -}}
+{{- $v := .v -}}
+{{- $cap := get $c "capture" | default dict -}}
+{{- if and (get $cap "enabled") (ne (get $cap "sink" | default "files") "kafka") -}}
+{{- if not $v.image.captureExtra -}}
+{{- fail "config.capture with the files sink writes Parquet, which the default image lacks: build it with --build-arg KTHROTTLE_EXTRAS=capture and set image.captureExtra=true, or use config.capture.sink: kafka" -}}
+{{- end -}}
+{{- $limit := include "kthrottle.bytes" $v.dataVolume.sizeLimit | int64 -}}
+{{- $usable := div (mul $limit 8) 10 -}}
+{{- $size := get $cap "max_file_bytes" | default 67108864 | int64 -}}
+{{- $_ := set $cap "max_file_bytes" $size -}}
+{{- if not (hasKey $cap "retention_files") -}}
+{{- $_ := set $cap "retention_files" (max 1 (div $usable $size)) -}}
+{{- end -}}
+{{- if gt (mul (int64 (get $cap "retention_files")) $size) $usable -}}
+{{- fail (printf "config.capture keeps %v files of %v bytes, more than 80%% of dataVolume.sizeLimit (%v): raise the limit, or lower retention_files or max_file_bytes" (get $cap "retention_files") $size $v.dataVolume.sizeLimit) -}}
+{{- end -}}
+{{- $_ := set $c "capture" $cap -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A Kubernetes quantity (512Mi, 1Gi, 2000000000) in bytes. */}}
+{{- define "kthrottle.bytes" -}}
+{{- $q := toString . -}}
+{{- $units := dict "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 -}}
+{{- $n := regexFind "^[0-9]+" $q -}}
+{{- $unit := trimPrefix $n $q -}}
+{{- if or (not $n) (and $unit (not (hasKey $units $unit))) -}}
+{{- fail (printf "dataVolume.sizeLimit %q: give a quantity like 1Gi or 512Mi" $q) -}}
+{{- end -}}
+{{- mul (int64 $n) (int64 (get $units $unit | default 1)) -}}
 {{- end -}}
 
 {{- define "kthrottle.quotas" -}}
