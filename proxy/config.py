@@ -470,7 +470,10 @@ class ClusterQuotaConfig(Strict):
     staleness_seconds: float = Field(5.0, gt=0, le=3600)
     """A replica not heard from for this long (this one: its own report not read back) no longer
     counts as sharing through the exchange: it is asked whether it is alive, and the fallback
-    applies. More than twice publish_interval_seconds."""
+    applies. The fallback: a replica cut off from the exchange holds every cluster-wide quota
+    (byte rates, mutations, producer ids) at quota / replicas last seen on its own clients, and
+    the others share what is left, so together they never exceed a quota; a replica found dead
+    frees its part at once. More than twice publish_interval_seconds."""
     peer_grace_seconds: float = Field(30.0, gt=0, le=3600)
     """A silent replica that cannot be reached at all is taken as gone after this long; at least
     staleness_seconds."""
