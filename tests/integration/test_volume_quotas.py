@@ -302,7 +302,13 @@ def test_describe_log_dirs_source_publishes_the_brokers_own_log_dirs(kafka_broke
     }
     proxy = ProxyProcess(gateway_config(kafka_broker, volume=cfg)).start()
     try:
-        wait_for("OPEN", lambda: state_of(proxy)["state"] == "open", proxies=[proxy])
+        # OPEN from the broker's own snapshot (the default fail_safe, last_known, is open while a
+        # broker has not published yet: wait for its snapshot, not only the state).
+        def published() -> bool:
+            state = state_of(proxy)
+            return state["state"] == "open" and [b["status"] for b in state["brokers"]] == ["fresh"]
+
+        wait_for("OPEN from a fresh snapshot", published, proxies=[proxy])
         (broker,) = state_of(proxy)["brokers"]
         assert broker["broker_id"] == 1 and broker["status"] == "fresh"
         worst = broker["worst"]
