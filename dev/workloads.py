@@ -38,6 +38,11 @@ class ThrottleWatch:
     def max(self) -> int:
         return max(self.seen, default=0)
 
+    def never_throttled(self) -> bool:
+        """No statistics report showed a throttle; False when none arrived (nothing to judge by:
+        the client never polled, or ran shorter than the interval)."""
+        return bool(self.seen) and self.max == 0
+
 
 @dataclass
 class StormResult:
