@@ -8,6 +8,7 @@ setup_began=$SECONDS
 # shellcheck source=dev/setup.sh
 source dev/setup.sh
 export SPARK_LOCAL_IP=127.0.0.1
+export KTHROTTLE_REQUIRE_TOOLS=1  # a missing tool (helm, Chromium, haproxy, a container engine, root) fails, never skips
 export KTHROTTLE_QUICK_TOOLS=1   # Kafka's Java tools start with C1 only (dev/harness.py java_command)
 # The report's browser check needs Chromium: installed here (Debian's package, when missing), so
 # the download does not count against the test run's time.

@@ -7,13 +7,14 @@ itself. A tool that cannot be had fails the test in CI (CI=true) and skips it el
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.tools import unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "kthrottle"
@@ -39,10 +40,7 @@ def _deploy_tools() -> str | None:
 
 
 def _unavailable(tool: str) -> None:
-    reason = f"{tool} is not installed and dev/deploy_tools.sh could not install it"
-    if os.environ.get("CI"):
-        pytest.fail(reason)
-    pytest.skip(reason)
+    unavailable(f"{tool} is not installed and dev/deploy_tools.sh could not install it")
 
 
 def find_tool(name: str) -> str:

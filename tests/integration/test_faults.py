@@ -36,6 +36,7 @@ from protocol import messages
 from protocol.api_keys import ApiKey
 from protocol.frames import SIZE, RequestHeader, encode_request_header, encode_response_header
 from tests.integration.conftest import discard_cluster
+from tests.tools import unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -730,7 +731,7 @@ def netns() -> Iterator[NetworkNamespace]:
         with namespace:
             yield namespace
     except NetnsUnavailable as exc:
-        pytest.skip(f"no network namespace here ({exc}); test_broker_paused_under_load covers a hang")
+        unavailable(f"no network namespace here (needs root): {exc}")
 
 
 @pytest.mark.timeout(240)

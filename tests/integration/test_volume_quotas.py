@@ -23,6 +23,7 @@ import pytest
 from dev.harness import KafkaCluster
 from dev.proxy_process import ProxyProcess, gateway_config
 from dev.workloads import ThrottleWatch
+from tests.tools import unavailable
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -45,7 +46,7 @@ def volumes(tmp_path: Path) -> Iterator[list[Path]]:
                 text=True,
             )
             if done.returncode != 0:
-                pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+                unavailable(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
             mounts.append(path)
         yield mounts
     finally:
