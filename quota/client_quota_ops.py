@@ -18,7 +18,6 @@ removed through the API, which wins over the config file until the key is set ag
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import math
 import re
@@ -26,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from quota.config import QuotaConfig
+from quota.config import QuotaConfig, is_ip_literal
 from quota.keys import (
     CONSUMER_BYTE_RATE,
     CONTROLLER_MUTATION_RATE,
@@ -183,15 +182,6 @@ def entity_text(entity: Mapping[str, Name], initial_capacity: int | None = None)
 def looks_like_host(name: str) -> bool:
     """Whether ``name`` is a host name by its spelling (sans-IO; the proxy resolves it instead)."""
     return _HOST_NAME.fullmatch(name) is not None
-
-
-def is_ip_literal(ip: str) -> bool:
-    """The proxy matches connections by address, so only IP literals can ever apply."""
-    try:
-        ipaddress.ip_address(ip)
-    except ValueError:
-        return False
-    return True
 
 
 # --- validation (ClientQuotaControlManager) ---------------------------------------------------

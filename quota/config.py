@@ -57,19 +57,26 @@ def _in_file(info: ValidationInfo) -> bool:
     return bool(info.context and info.context.get(CONFIG_FILE))
 
 
+def is_ip_literal(ip: str) -> bool:
+    """The proxy matches connections by address, so only IP literals can ever apply."""
+    try:
+        ipaddress.ip_address(ip)
+    except ValueError:
+        return False
+    return True
+
+
 def _ip_key(key: str, info: ValidationInfo) -> str:
     """An ``ips`` key is an address as a client connects from it, or <default>: a host name or a
     network would be accepted and never match a connection."""
     if key == DEFAULT or not _in_file(info):
         return key
-    try:
-        ipaddress.ip_address(key)
-    except ValueError:
+    if not is_ip_literal(key):
         raise ValueError(
             f"{key!r} is not an IP address: a connection quota applies to the exact address a "
             "client connects from (an IPv4 or IPv6 literal such as 10.0.0.5 or 2001:db8::5, or "
             "<default>); host names and networks never match"
-        ) from None
+        )
     return key
 
 

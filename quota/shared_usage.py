@@ -165,19 +165,24 @@ class SharedUsage(Generic[K]):
         (``fold``), a generation at most (``age``). Added as read, no per-request lookup is left
         for it: at 10,000 client ids, tables of waiting usage slowed every request."""
         remote, get, rate_of, bucket_of = self.remote, self.remote.get, rates.get, buckets.get
-        remote_ms = self.remote_ms
         for key, amount in usage:
             if not amount:
                 continue
             rate = rate_of(key)
             if rate is None:
                 remote[key] = get(key, 0.0) + amount
-                continue
+            else:
+                self._add_others(key, amount, bucket_of(key), rate, now_ms)
+
+    def _add_others(
+        self, key: K, amount: float, bucket: TokenBucket | None, rate: SampledRate | None, now_ms: float
+    ) -> None:
+        """The others' usage of ``key`` into its windowed rate (all replicas' usage) and bucket."""
+        self.remote_ms[key] = now_ms
+        if rate is not None:
             rate.record(amount, now_ms)
-            remote_ms[key] = now_ms
-            bucket = bucket_of(key)
-            if bucket is not None:
-                bucket.record(amount, now_ms)
+        if bucket is not None:
+            bucket.record(amount, now_ms)
 
     def add_wanting(self, instance: str, entries: Iterable[tuple[K, float, int]], now_ms: float) -> None:
         """Another replica's flagged entries: its clients of those keys want more (its usage
@@ -223,11 +228,7 @@ class SharedUsage(Generic[K]):
         if self.remote_old:
             remote += self.remote_old.pop(key, 0.0)
         if remote:
-            self.remote_ms[key] = now_ms
-            if rate is not None:
-                rate.record(remote, now_ms)
-            if bucket is not None:
-                bucket.record(remote, now_ms)
+            self._add_others(key, remote, bucket, rate, now_ms)
 
     def age(
         self,

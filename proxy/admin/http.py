@@ -1,10 +1,11 @@
 """Admin HTTP: /metrics (Prometheus), /healthz (process up), /readyz (config loaded, upstream
 reachable), the quota views, and the client-quota API (KIP-546's describe and alter over HTTP).
 
-Read-only endpoints are open (the listener defaults to 127.0.0.1). State-changing ones need
+Probes, /metrics, /volume and /cluster/peer are open (the listener defaults to 127.0.0.1).
+Endpoints that name users, client ids or addresses, and those that change state, need
 ``Authorization: Bearer <token>`` with the token in ``admin.token_file`` (compared in constant
 time; 401 without it, 403 when wrong); with no token file they are refused unless
-``admin.allow_unauthenticated_changes`` is true.
+``admin.allow_unauthenticated_reads`` / ``admin.allow_unauthenticated_changes`` open them.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # only for the busiest), the volume state and the replicas' liveness probe.
 OPEN_ENDPOINTS = ("/metrics", "/healthz", "/readyz", "/volume", "/cluster/peer")
 # They name users, client ids or addresses: the token, unless admin.allow_unauthenticated_reads
-# (``AdminAuth.protect_read``). Every endpoint that changes state goes through ``AdminAuth.protect``.
+# (``AdminAuth.protect(reading=True)``). Every endpoint that changes state goes through
+# ``AdminAuth.protect``.
 TOKEN_READ_ENDPOINTS = (
     "/quotas",
     "/quotas/entity",
@@ -50,7 +52,7 @@ TOKEN_READ_ENDPOINTS = (
 
 
 class AdminAuth:
-    """The bearer token of state-changing endpoints: read at start, read again when the file
+    """The bearer token of the protected endpoints: read at start, read again when the file
     changes (its mtime, size or inode), never logged."""
 
     def __init__(self, cfg: AdminConfig) -> None:
@@ -72,7 +74,11 @@ class AdminAuth:
             token = self.path.read_bytes().strip()
         except OSError as exc:
             if self._token is not None or self._signature is None:
-                log.warning("admin: token file %s unreadable (%s); changes refused", self.path, exc.strerror)
+                log.warning(
+                    "admin: token file %s unreadable (%s); protected endpoints refused",
+                    self.path,
+                    exc.strerror,
+                )
             self._token, self._signature = None, (0, 0, 0)
             return
         self._signature = signature
@@ -80,7 +86,7 @@ class AdminAuth:
         if self._token is not None:
             register(self._token.decode(errors="replace"))
         if self._token is None:
-            log.warning("admin: token file %s is empty; changes refused", self.path)
+            log.warning("admin: token file %s is empty; protected endpoints refused", self.path)
         else:
             log.info("admin: token read from %s", self.path)
 
@@ -116,16 +122,12 @@ class AdminAuth:
             return _error(403, "wrong admin token")
         return None
 
-    def protect(self, handler: Handler) -> Handler:
-        async def guarded(request: web.Request) -> web.StreamResponse:
-            refused = self.check(request)
-            return refused if refused is not None else await handler(request)
+    def protect(self, handler: Handler, reading: bool = False) -> Handler:
+        """``handler`` behind the token (``reading``: an endpoint that names users, client ids
+        or addresses, opened by allow_unauthenticated_reads rather than _changes)."""
 
-        return guarded
-
-    def protect_read(self, handler: Handler) -> Handler:
         async def guarded(request: web.Request) -> web.StreamResponse:
-            refused = self.check(request, reading=True)
+            refused = self.check(request, reading)
             return refused if refused is not None else await handler(request)
 
         return guarded
@@ -296,9 +298,9 @@ def build_app(server: ProxyServer, auth: AdminAuth | None = None) -> web.Applica
         return web.json_response(state)
 
     app = web.Application()
-    app.router.add_get("/quotas", auth.protect_read(quotas))
-    app.router.add_get("/quotas/entity", auth.protect_read(entity))
-    app.router.add_get("/quotas/ip", auth.protect_read(ip))
+    app.router.add_get("/quotas", auth.protect(quotas, reading=True))
+    app.router.add_get("/quotas/entity", auth.protect(entity, reading=True))
+    app.router.add_get("/quotas/ip", auth.protect(ip, reading=True))
 
     async def volume(_request: web.Request) -> web.Response:
         if server.volume is None:
@@ -343,10 +345,10 @@ def build_app(server: ProxyServer, auth: AdminAuth | None = None) -> web.Applica
         )
         return web.json_response({"validate_only": validate_only, "entries": entries})
 
-    app.router.add_get("/quotas/client-quotas", auth.protect_read(client_quotas))
+    app.router.add_get("/quotas/client-quotas", auth.protect(client_quotas, reading=True))
     app.router.add_post("/quotas/client-quotas", auth.protect(alter_client_quotas))
     app.router.add_get("/volume", volume)
-    app.router.add_get("/quotas/cluster", auth.protect_read(cluster))
+    app.router.add_get("/quotas/cluster", auth.protect(cluster, reading=True))
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -32,12 +32,15 @@ class SeriesSelector:
         self.named: dict[tuple[str, ...], int] = {}  # key -> scrapes since it was among the busiest
         self._last: dict[tuple[str, ...], tuple[float, ...]] = {}
         self.other_counters: dict[int, float] = {}
+        self.width = 0  # label values per row, as last seen (for __other__ once the rows are gone)
 
     def select(
         self, rows: list[tuple[Any, ...]], limit: int, counters: Sequence[int]
     ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
         """Split ``rows`` (labels, then values; busiest first) into the named and the rest, and
         add the rest's counter increments (value indices ``counters``) to ``other_counters``."""
+        if rows:
+            self.width = len(rows[0][0])
         present = {row[0]: row[1:] for row in rows}
         busiest = {row[0] for row in rows[:limit]}
         for key in list(self.named):
@@ -167,8 +170,7 @@ class QuotaCollector(Collector):
             for family, value in zip(families, values, strict=True):
                 family.add_metric([*prefix, *labels], value)
         if rest or selector.other_counters:
-            width = len(rows[0][0]) if rows else len(families[0]._labelnames) - len(prefix)
-            other = [*prefix, *[OTHER] * width]
+            other = [*prefix, *[OTHER] * selector.width]
             for i, family in enumerate(families):
                 if i in counters:
                     family.add_metric(other, selector.other_counters.get(i, 0.0))

@@ -33,7 +33,7 @@ from proxy.shared.exchange import CompactedTopic, ExchangeSettings, exchange_met
 from proxy.shared.throttling import QuotaEnforcer
 from quota import client_quota_ops as ops
 from quota.client_quota_ops import Alteration, AlterResult, ApiError, Component, Op, Overlay
-from quota.config import QuotaConfig
+from quota.config import QuotaConfig, is_ip_literal
 
 log = logging.getLogger(__name__)
 _ABSENT = object()  # no value for a key in the overlay
@@ -277,7 +277,7 @@ class QuotaApiService:
             name
             for a in alterations
             for t, name in a.entity
-            if t == ops.IP and name is not None and not ops.is_ip_literal(name) and ops.looks_like_host(name)
+            if t == ops.IP and name is not None and not is_ip_literal(name) and ops.looks_like_host(name)
         }
         resolved = dict(zip(names, await asyncio.gather(*(_resolves(n) for n in names)), strict=True))
         return ops.alter(alterations, self.overlay, resolvable=lambda name: resolved.get(name, False))
