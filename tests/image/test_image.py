@@ -146,7 +146,7 @@ def test_image_runs_read_only_non_root_and_drains_on_sigterm(
 
     topic = f"image-{uuid.uuid4().hex[:6]}"
     sent: list[bytes] = []
-    failed: list[str] = []
+    failed: list[tuple[float, str]] = []  # (when reported, the error)
     # log_level 2: the connection refusals after the proxy has exited are expected, not news
     producer = Producer(
         {"bootstrap.servers": bootstrap, "client.id": "image-test", "linger.ms": 5, "log_level": 2}
@@ -156,7 +156,7 @@ def test_image_runs_read_only_non_root_and_drains_on_sigterm(
         if err is None:
             sent.append(msg.value())  # type: ignore[attr-defined]
         else:
-            failed.append(str(err))
+            failed.append((time.monotonic(), str(err)))
 
     for i in range(2000):
         producer.produce(topic, f"m{i}".encode(), on_delivery=delivered)
@@ -217,11 +217,14 @@ def test_image_runs_read_only_non_root_and_drains_on_sigterm(
     wait_until(lambda: len(sent) > 500, 30, "the producer made no progress")
     subprocess.run([engine, "kill", "--signal", "TERM", name], check=True, capture_output=True)
     waited = subprocess.run([engine, "wait", name], capture_output=True, text=True, timeout=60)
+    exited = time.monotonic()
     stop.set()
     worker.join(30)
     producer.flush(10)
     assert waited.stdout.strip() == "0", f"exit code {waited.stdout.strip()}:\n{_logs(engine, name)}"
     assert "drain" in _logs(engine, name).lower()
+    during_drain = [err for at, err in failed if at < exited]
+    assert not during_drain, f"{len(during_drain)} failed before the drain ended: {during_drain[:3]}"
     acknowledged = set(sent)
     direct = Consumer(
         {

@@ -33,6 +33,17 @@ def _api_versions_request(correlation_id: int) -> bytes:
     return struct.pack(">i", len(payload)) + payload
 
 
+def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+    """``n`` bytes from ``sock``, or None if it was closed first (a short read is not an answer)."""
+    got = b""
+    while len(got) < n:
+        chunk = sock.recv(n - len(got))
+        if not chunk:
+            return None
+        got += chunk
+    return got
+
+
 def _wait_for(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -187,20 +198,24 @@ def test_reconnect_storm(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
         fds_before = open_fds(pid)
         stop = threading.Event()
         answered: list[int] = []
+        unanswered: list[int] = []  # connections the proxy closed before the answer's length came
         failed: list[BaseException] = []
 
         def storm() -> None:
-            n = 0
+            n = silent = 0
             while not stop.is_set():
                 try:
                     with socket.create_connection((host, int(port)), timeout=30) as sock:
                         sock.sendall(_api_versions_request(n))
-                        if len(sock.recv(4)) == 4:
+                        if _recv_exactly(sock, 4) is None:
+                            silent += 1
+                        else:
                             n += 1
                         # hang up without reading the rest: the proxy must not mind
                 except OSError as exc:
                     failed.append(exc)
             answered.append(n)
+            unanswered.append(silent)
 
         def churn() -> None:
             while not stop.is_set():
@@ -222,6 +237,7 @@ def test_reconnect_storm(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
                 worker.join(30)
         print(f"reconnect storm: {sum(answered)} connections answered")
         assert not failed, f"{len(failed)} storm connections failed, first: {failed[0]!r}"
+        assert sum(unanswered) == 0, f"{sum(unanswered)} storm connections closed without an answer"
         assert sum(answered) > 100
         assert proxy.metric("kthrottle_upstream_errors_total", {"kind": "connect"}) == 0
         _wait_for("all connections closed", lambda: _active(proxy) == 0)

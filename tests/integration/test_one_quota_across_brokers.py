@@ -115,12 +115,38 @@ def test_consumer_fetching_from_three_brokers_at_once_shares_its_allowance(
         )
     first = next(t for t, n in marks if n > 0)
     growth = [t for (_t0, n0), (t, n) in itertools.pairwise(marks) if n > n0 and t >= first]
-    silence = max(b - a for a, b in itertools.pairwise(growth))
+    gaps = [(b - a, a) for a, b in itertools.pairwise(growth)]
+    silence, silent_from = max(gaps)
     burst = max(n for t, n in marks if t <= first + 1.0)
     assert burst <= 5 * MiB + 3 * 1.1 * MiB, f"{burst / MiB:.1f} MiB at once; the bucket holds 5 MiB"
-    assert silence < 6.0, f"the consumer got nothing for {silence:.1f} s"
-    # The steady span counts from the first bytes, not from the JVM's start: started late (a loaded
-    # machine), the burst fell into a span counted from the start and read 1375 KiB/s.
-    span = (first + STEADY[0] - 2.0, min(first + STEADY[1] - 2.0, marks[-1][0]))
-    rate = steady_rate(marks, *span, cycle=CYCLE)
-    assert abs(rate - quota) / quota < 0.10, f"{rate / KiB:.0f} KiB/s from three brokers, quota 1024"
+    assert silence < 6.0, f"the consumer got nothing for {silence:.1f} s from {silent_from:.1f} s"
+    # The mean from the end of the burst to the end of the run, not the median of 5.5 s windows:
+    # when the consumer, a broker or the machine stalls for a few seconds, the bucket refills
+    # meanwhile and the consumer catches up at once, as a broker's window would let it. Windows
+    # that hold the catch-up but not the stall read over, those that hold the stall alone under
+    # (in CI they once read 1283 and once 916 KiB/s; a simulated 3 s stall mid-span reads 1.26x
+    # and 0.96x the quota, 5 s up to 1.44x and 0.64x); the mean over the span stays within 3%.
+    t_from, t_to = first + 2.0, marks[-1][0]
+    rate = (marks[-1][1] - _bytes_at(marks, t_from)) / (t_to - t_from)
+    assert t_to - t_from >= 12.0, f"only {t_to - t_from:.1f} s after the burst"
+    assert abs(rate - quota) / quota < 0.10, (
+        f"{rate / KiB:.0f} KiB/s from three brokers, quota 1024; longest silence {silence:.1f} s "
+        f"from {silent_from:.1f} s; per second: {_per_second(marks)}"
+    )
+
+
+def _bytes_at(marks: list[tuple[float, float]], t: float) -> float:
+    """What the consumer had received at ``t`` (its last poll before)."""
+    return max(n for s, n in marks if s <= t)
+
+
+def _per_second(marks: list[tuple[float, float]]) -> str:
+    """MiB received in each second of the run, for a failure's message."""
+    ends: dict[int, float] = {}
+    for t, n in marks:
+        ends[int(t)] = n
+    out, before = [], 0.0
+    for second in sorted(ends):
+        out.append(f"{second}:{(ends[second] - before) / MiB:.2f}")
+        before = ends[second]
+    return " ".join(out)

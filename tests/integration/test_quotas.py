@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import logging
 import re
 import signal
 import statistics
@@ -103,6 +104,7 @@ class ProduceRun:
     returncode: int | None = None
     out: str = ""
     err: str = ""
+    produce_versions: frozenset[int] = frozenset()  # the Produce versions the client sent, where known
 
 
 def _java_produce(cluster: KafkaCluster, proxy: ProxyProcess, topic: str) -> ProduceRun:
@@ -128,6 +130,38 @@ def _java_produce(cluster: KafkaCluster, proxy: ProxyProcess, topic: str) -> Pro
     )
 
 
+class _SentVersions(logging.Filter):
+    """The version of every request kafka-python sends, read off its protocol parser's debug log
+    call (the request object, never formatted; the record then goes no further)."""
+
+    LOGGER = "kafka.protocol.parser"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[str, set[int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 3:
+            request = args[2]
+            version = getattr(request, "API_VERSION", None)
+            if isinstance(version, int):
+                self.seen.setdefault(type(request).__name__, set()).add(version)
+        return False
+
+    def install(self) -> _SentVersions:
+        logger = logging.getLogger(self.LOGGER)
+        self._level = logger.level
+        logger.setLevel(logging.DEBUG)
+        logger.addFilter(self)
+        return self
+
+    def remove(self) -> None:
+        logger = logging.getLogger(self.LOGGER)
+        logger.removeFilter(self)
+        logger.setLevel(self._level)
+
+
 def _pre_kip219_produce(cluster: KafkaCluster, proxy: ProxyProcess, topic: str) -> ProduceRun:
     """kafka-python ``old-client`` speaking Produce v5 through ``proxy``, as fast as it is let."""
     from kafka import KafkaProducer
@@ -135,6 +169,7 @@ def _pre_kip219_produce(cluster: KafkaCluster, proxy: ProxyProcess, topic: str) 
 
     # api_version (1, 0): Produce v5, before KIP-219's v6, so the client ignores throttle_time_ms
     # and keeps sending; only the proxy's mute can hold it.
+    sent = _SentVersions().install()
     producer = KafkaProducer(
         bootstrap_servers=proxy.bootstrap,
         client_id="old-client",
@@ -162,11 +197,13 @@ def _pre_kip219_produce(cluster: KafkaCluster, proxy: ProxyProcess, topic: str) 
         worker.join(30)
         # Its 32 MiB buffer cannot drain at the quota: forced closed after 1 s rather than 5 + 5.
         close_kafka_python_producer(producer, timeout=1)
+        sent.remove()
         sampler.close()
     return ProduceRun(
         sampler.samples,
         proxy.metric("kthrottle_requests_total", {"api": "Produce"}),
         proxy.metric("kthrottle_throttled_requests_total", {"api": "Produce", "mode": "applied"}),
+        produce_versions=frozenset(sent.seen.get("ProduceRequest", ())),
     )
 
 
@@ -558,5 +595,7 @@ def test_pre_kip219_client_is_held_by_muting(produce_runs: dict[str, ProduceRun]
     run, quota = produce_runs["old"], PRE_KIP219_QUOTA
     rate = steady_rate([(t, n * 1024) for t, n in run.samples], *STEADY, cycle=CYCLE)
     assert abs(rate - quota) / quota < 0.15, f"old client at {rate / 1024:.0f} KiB/s, quota {quota // 1024}"
+    # The client really spoke a Produce version that carries no client-side throttle (KIP-219 is v6).
+    assert run.produce_versions == {5}, f"kafka-python sent Produce versions {sorted(run.produce_versions)}"
     produce_v5 = run.produce_requests
     assert produce_v5 > 0

@@ -4,11 +4,13 @@ exchange it forwards, and the broker's verdict decides whether that name is ever
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +19,7 @@ from dev.proxy_process import ProxyProcess, gateway_config
 from tests.integration.clients import delivery_errors_into, stop_greedy_producer
 from tests.integration.conftest import SASL_USERS
 from tests.integration.test_quotas import CYCLE, STEADY, WINDOW, OffsetSampler, steady_rate
+from tests.integration.test_volume_quotas import end_offset
 
 pytestmark = pytest.mark.integration
 
@@ -161,5 +164,79 @@ def test_failed_login_is_never_charged(sasl_cluster: KafkaCluster, tmp_path: Pat
             assert reports == []
             with pytest.raises(KafkaException):
                 listing.result()
+        # A hostile client that does not wait for the verdict: its Produce, sent right behind the
+        # wrong password, is neither charged to the name it claimed nor written.
+        auth_error, produce_answered = _produce_behind_a_wrong_password(proxy.bootstrap, topic)
+        assert auth_error == SASL_AUTHENTICATION_FAILED
+        assert not produce_answered, "the Produce behind a refused login was answered"
         bob = json.loads(proxy.admin_get("/quotas/entity?user=bob&client_id=intruder")[1])
         assert "rate" not in bob["producer_byte_rate"]  # no state, no charge
+    assert end_offset(sasl_cluster, topic) == 0, "a record from a refused login was written"
+
+
+SASL_AUTHENTICATION_FAILED = 58
+
+
+def _produce_behind_a_wrong_password(bootstrap: str, topic: str) -> tuple[int, bool]:
+    """Log in over raw frames as bob with a wrong password (PLAIN) and, without waiting for the
+    broker's verdict, send a 1 KiB Produce as client "intruder"; read until the proxy closes.
+    Returns SaslAuthenticate's error code and whether any answer to the Produce came back."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    from protocol import messages
+    from protocol.api_keys import ApiKey
+    from protocol.frames import RequestHeader, encode_request_header, frame
+
+    def request(api_key: int, version: int, correlation_id: int, body: dict[str, Any]) -> bytes:
+        header = encode_request_header(RequestHeader(api_key, version, correlation_id, "intruder", 0))
+        return frame(header + messages.encode(api_key, version, body, response=False))
+
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 16,
+    )
+    builder.append(0, timestamp=int(time.time() * 1000), key=None, value=b"x" * 1024, headers=[])
+    produce: dict[str, Any] = {
+        "transactional_id": None,
+        "acks": 1,
+        "timeout_ms": 5000,
+        "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": bytes(builder.build())}]}],
+    }
+    host, port = bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=15) as sock:
+        sock.sendall(request(ApiKey.SASL_HANDSHAKE, 1, 1, {"mechanism": "PLAIN"}))
+        answers = _read_answers(sock, until_closed=False, want=1)
+        assert 1 in answers, "no SaslHandshake answer"
+        sock.sendall(
+            request(ApiKey.SASL_AUTHENTICATE, 2, 2, {"auth_bytes": b"\0bob\0not-bobs-password"})
+            + request(ApiKey.PRODUCE, 9, 3, produce)
+        )
+        answers = _read_answers(sock, until_closed=True)
+    assert 2 in answers, "no SaslAuthenticate answer"
+    body = messages.decode_response(ApiKey.SASL_AUTHENTICATE, 2, answers[2])
+    return int(body["error_code"]), 3 in answers
+
+
+def _read_answers(sock: socket.socket, until_closed: bool, want: int = 0) -> dict[int, bytes]:
+    """Response frames read from ``sock`` by correlation id (the body after a v1 header's id and
+    tagged fields are left to the caller), until ``want`` arrived or the peer closed."""
+    got: dict[int, bytes] = {}
+    buf = b""
+    while until_closed or len(got) < want:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while len(buf) >= 4 and len(buf) >= 4 + int.from_bytes(buf[:4], "big"):
+            size = int.from_bytes(buf[:4], "big")
+            payload, buf = buf[4 : 4 + size], buf[4 + size :]
+            correlation_id = int.from_bytes(payload[:4], "big")
+            # SaslHandshake answers with header v0; SaslAuthenticate v2 and Produce v9 with v1
+            # (one empty tagged-field byte).
+            got[correlation_id] = payload[4:] if correlation_id == 1 else payload[5:]
+    return got
