@@ -261,7 +261,9 @@ def matrix(only: str | None) -> list[tuple[int, Cell]]:
     return [(b, c) for b, c in cells if only is None or only in c.name]
 
 
-def run_cluster(brokers: int, cells: list[Cell], seconds: float, hold: bool) -> None:
+def run_cluster(
+    brokers: int, cells: list[Cell], seconds: float, hold: bool, produce_shaping: str = "steady"
+) -> None:
     with KafkaCluster(brokers=brokers) as cluster:
         fetch_topic = f"fid-fetch-{uuid.uuid4().hex[:6]}"
         cluster.create_topic(fetch_topic, partitions=3, replication=1)
@@ -282,6 +284,7 @@ def run_cluster(brokers: int, cells: list[Cell], seconds: float, hold: bool) -> 
             },
             "topics": {topic_quota: {"producer.byte.rate": QUOTA, "consumer.byte.rate": QUOTA}},
             "hold_across_connections": hold,
+            "produce_shaping": produce_shaping,
         }
         cfg = gateway_config(cluster, quotas=quotas, log_level="WARNING")
         with ProxyProcess(cfg) as proxy:
@@ -369,6 +372,12 @@ def main() -> None:
         action="store_true",
         help="the proxy with hold_across_connections off (each connection held on its own)",
     )
+    parser.add_argument(
+        "--produce-shaping",
+        choices=("steady", "kafka"),
+        default="steady",
+        help="the proxy's produce_shaping (kafka: Kafka's windowed throttle, to compare)",
+    )
     parser.add_argument("--marks", type=Path, help="write every cell's (seconds, bytes) marks here, as JSON")
     parser.add_argument(
         "--from-marks", type=Path, help="no run: the figures of the run whose --marks file this is"
@@ -385,7 +394,7 @@ def main() -> None:
     for brokers in (1, 3):
         cells = [c for b, c in planned if b == brokers]
         if cells:
-            run_cluster(brokers, cells, args.seconds, hold=not args.no_hold)
+            run_cluster(brokers, cells, args.seconds, hold=not args.no_hold, produce_shaping=args.produce_shaping)
     cells = [c for _b, c in planned]
     if args.marks is not None:
         saved = {

@@ -26,7 +26,7 @@ mypy
 echo "== ruff + mypy took $((SECONDS - lint_began)) s" >&2
 echo "== pytest (the 25 slowest tests are listed at the end)" >&2
 status=0
-python -m pytest -p no:cacheprovider -q -ra --durations=25 --ignore=tests/image "$@" || status=$?
+python -m pytest -p no:cacheprovider -q -ra --durations=25 --ignore=tests/image --ignore=tests/runtime "$@" || status=$?
 if [ "$status" != 0 ] || [ $# -gt 0 ]; then
   exit "$status"   # a failure, or a developer's selection: the image step is for the whole run
 fi
@@ -38,3 +38,10 @@ image_began=$SECONDS
 echo "== container image (dev/image.sh, tests/image)" >&2
 python -m pytest -p no:cacheprovider -q -ra -s tests/image
 echo "== container image step took $((SECONDS - image_began)) s" >&2
+
+# The Helm chart's pods on a real container runtime: rendered by helm, run by podman kube play
+# (catatonit installed by dev/kube.sh) on the image built above. Its own step too.
+runtime_began=$SECONDS
+echo "== the chart on podman (dev/kube.sh, tests/runtime)" >&2
+python -m pytest -p no:cacheprovider -q -ra -s tests/runtime
+echo "== runtime step took $((SECONDS - runtime_began)) s" >&2

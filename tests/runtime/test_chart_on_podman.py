@@ -1,0 +1,253 @@
+"""The Helm chart's gateway on a real container runtime: rendered by ``helm template``, run by
+``podman kube play`` on the image the suite builds, in front of the harness's real broker. Its
+pod starts as the chart's security context says, its probes pass, clients produce and consume
+through the ports its Service names, a changed ConfigMap reloads the quotas in the running pod,
+and ``podman kube down`` drains it with nothing acknowledged lost.
+
+Runs as its own step of `.ci/run`, after the image step. What podman lacks and the test stands in
+for (the kubelet's projected volumes, the pod IP, probes asked from outside), and what only a real
+Kubernetes cluster checks, are in dev/kube_play.py and the README.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dev import kube_play
+from dev.harness import KafkaCluster, free_port
+from dev.waiting import wait_until
+from tests.image.test_image import TAG
+from tests.tools import unavailable
+
+pytestmark = pytest.mark.timeout(900)
+UID = 10001
+SLOW = 64 * 1024  # the quota the changed ConfigMap gives client "podman-slow"
+
+
+@pytest.fixture(scope="module")
+def podman_env(image: tuple[str, list[str], int]) -> dict[str, str]:
+    try:
+        return kube_play.podman_env()
+    except RuntimeError as exc:
+        unavailable(f"podman kube play cannot run here: {exc}")
+
+
+def _values(broker: KafkaCluster, ports: dict[str, int], quotas: dict[str, Any]) -> dict[str, Any]:
+    repository, tag = TAG.split(":")
+    node_ids = [node.node_id for node in broker.nodes]
+    return {
+        "image": {"repository": f"localhost/{repository}", "tag": tag, "pullPolicy": "Never"},
+        "gateway": {
+            "replicas": 1,
+            "upstreamBootstrap": broker.bootstrap_servers.split(","),
+            "advertisedHost": "127.0.0.1",
+            "bootstrapPort": ports["bootstrap"],
+            "brokers": {"nodeIds": node_ids, "portBase": ports["brokers"] - min(node_ids)},
+            "preStopSleepSeconds": 1,
+        },
+        "admin": {"port": ports["admin"], "token": {"enabled": True, "secretName": "kthrottle-admin"}},
+        "config": {"drain_seconds": 8},
+        "quotas": quotas,
+    }
+
+
+def _admin(port: int, path: str, token: str) -> tuple[int, str]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, repr(exc)
+
+
+def _service_bootstrap(manifests: list[dict[str, Any]], container: dict[str, Any]) -> str:
+    """host:port of the Service's client port, its targetPort resolved against the container's
+    named ports (on the host network the pod's port is the host's)."""
+    service = next(
+        m for m in manifests if m["kind"] == "Service" and m["metadata"]["name"].endswith("kthrottle")
+    )
+    named = kube_play.container_ports(container)
+    kafka = next(p for p in service["spec"]["ports"] if p["name"] == "kafka")
+    target = kafka["targetPort"]
+    return f"127.0.0.1:{named[target] if isinstance(target, str) else target}"
+
+
+@pytest.mark.timeout(600)
+def test_the_gateway_runs_on_podman(
+    podman_env: dict[str, str], kafka_broker: KafkaCluster, tmp_path: Path
+) -> None:
+    from confluent_kafka import Consumer, Producer
+
+    ports = {"bootstrap": free_port(), "brokers": free_port(), "admin": free_port()}
+    values = _values(kafka_broker, ports, {"window": {"num": 11, "size_seconds": 1}})
+    manifests = kube_play.render(values)
+    deployment = kube_play.only(manifests, "Deployment")
+    config_map = kube_play.only(manifests, "ConfigMap")
+    token = secrets.token_hex(16)
+    objects = [config_map, kube_play.secret("kthrottle-admin", {"token": token.encode()})]
+    pod, volumes = kube_play.for_podman(deployment, tmp_path / "volumes")
+    for volume in volumes:
+        volume.write(objects)
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    pod_name = f"{deployment['metadata']['name']}-pod-0"  # podman's name for a Deployment's pod
+    name = f"{pod_name}-{container['name']}"
+    bootstrap = _service_bootstrap(manifests, container)
+    topic = f"podman-{uuid.uuid4().hex[:6]}"
+    kafka_broker.create_topic(topic)
+
+    with kube_play.played([pod], tmp_path, podman_env) as kube_file:
+        logs = subprocess.Popen(
+            ["podman", "logs", "-f", name],
+            stdout=(tmp_path / "pod.log").open("w"),
+            stderr=subprocess.STDOUT,
+            env=podman_env,
+        )
+        try:
+            # The probes, asked as the kubelet asks them, pass in their own limits.
+            started_in = kube_play.probe(container, "startupProbe")
+            kube_play.probe(container, "readinessProbe")
+            kube_play.probe(container, "livenessProbe")
+            print(f"podman: startup probe passed after {started_in:.1f} s")
+
+            # The pod runs as the chart's security context says.
+            info = kube_play.inspect(name, podman_env)
+            assert info["Config"]["User"] in (f"{UID}:{UID}", str(UID)), info["Config"]["User"]
+            assert info["HostConfig"]["ReadonlyRootfs"] is True
+            assert not info["HostConfig"]["CapAdd"]
+            assert "CAP_NET_RAW" in info["HostConfig"]["CapDrop"]
+            assert any("no-new-privileges" in opt for opt in info["HostConfig"]["SecurityOpt"] or [])
+            started_at = info["State"]["StartedAt"]
+
+            # Clients produce and consume through the Service's port.
+            acked: list[bytes] = []
+            failed: list[tuple[float, str]] = []
+
+            def delivered(err: object, msg: Any) -> None:
+                if err is None:
+                    acked.append(msg.value())
+                else:
+                    failed.append((time.monotonic(), str(err)))
+
+            producer = Producer(
+                {"bootstrap.servers": bootstrap, "client.id": "podman-client", "log_level": 2}
+            )
+            for i in range(1000):
+                producer.produce(topic, f"m{i}".encode(), on_delivery=delivered)
+                producer.poll(0)
+            assert producer.flush(60) == 0 and not failed, failed[:3]
+            consumer = Consumer(
+                {"bootstrap.servers": bootstrap, "group.id": f"g-{topic}", "auto.offset.reset": "earliest"}
+            )
+            consumer.subscribe([topic])
+            seen: set[bytes] = set()
+            deadline = time.monotonic() + 60
+            while len(seen) < 1000 and time.monotonic() < deadline:
+                for msg in consumer.consume(500, timeout=1.0):
+                    value = msg.value()
+                    if msg.error() is None and value is not None:
+                        seen.add(value)
+            consumer.close()
+            assert seen == set(acked), f"{len(set(acked) - seen)} acknowledged messages not consumed"
+
+            # New quotas in the ConfigMap: the kubelet's swap of the mounted files reaches the
+            # running proxy, which reloads them without a restart (the pod template's checksum,
+            # which rolls the pods, covers the main config only).
+            changed = kube_play.render(
+                {**values, "quotas": {"clients": {"podman-slow": {"producer_byte_rate": SLOW}}}}
+            )
+            assert (
+                kube_play.only(changed, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+                == deployment["spec"]["template"]["metadata"]["annotations"]
+            ), "a quota change would roll the pods"
+            for volume in volumes:
+                volume.write([kube_play.only(changed, "ConfigMap"), objects[1]])
+
+            def slow_quota() -> bool:
+                status, body = _admin(ports["admin"], "/quotas/entity?client_id=podman-slow", token)
+                return status == 200 and json.loads(body)["producer_byte_rate"].get("quota") == SLOW
+
+            wait_until(slow_quota, 30, "the ConfigMap's new quota never reached the proxy")
+            assert kube_play.inspect(name, podman_env)["State"]["StartedAt"] == started_at, "restarted"
+
+            # The pod deleted while a producer has requests in flight, as Kubernetes deletes it
+            # (SIGTERM, then terminationGracePeriodSeconds before a SIGKILL; podman 4.3's own
+            # `kube down` stops with no grace at all, so the pod is stopped first and `kube down`
+            # then removes it): the proxy drains, no delivery fails before it has gone, it exits
+            # 0, and everything acknowledged is in the topic.
+            acked.clear()
+            stop = threading.Event()
+
+            def keep_producing() -> None:
+                i = 0
+                while not stop.is_set():
+                    producer.produce(topic, f"late{i}".encode(), on_delivery=delivered)
+                    producer.poll(0.001)
+                    i += 1
+
+            worker = threading.Thread(target=keep_producing)
+            worker.start()
+            wait_until(lambda: len(acked) > 500, 30, "the producer made no progress")
+            grace = int(deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"])
+            stopped = subprocess.run(
+                ["podman", "pod", "stop", "--time", str(grace), pod_name],
+                capture_output=True,
+                text=True,
+                timeout=grace + 60,
+                env=podman_env,
+            )
+            gone = time.monotonic()
+            stop.set()
+            worker.join(30)
+            producer.flush(10)
+            assert stopped.returncode == 0, stopped.stderr[-2000:]
+            exit_code = kube_play.inspect(name, podman_env)["State"]["ExitCode"]
+            down = subprocess.run(
+                ["podman", "kube", "down", str(kube_file)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=podman_env,
+            )
+            assert down.returncode == 0, down.stderr[-2000:]
+        finally:
+            logs.wait(30)
+    log = (tmp_path / "pod.log").read_text()
+    assert "drain" in log.lower(), log[-3000:]
+    assert exit_code == 0, f"exit code {exit_code}:\n{log[-3000:]}"
+    during = [err for at, err in failed if at < gone]
+    assert not during, f"{len(during)} deliveries failed before the pod was gone: {during[:3]}"
+    in_topic = _read_all(kafka_broker.bootstrap_servers, topic, set(acked))
+    assert set(acked) <= in_topic, f"{len(set(acked) - in_topic)} acknowledged messages missing"
+
+
+def _read_all(bootstrap: str, topic: str, want: set[bytes]) -> set[bytes]:
+    """Every value in ``topic``, read straight from the broker (until ``want`` is all there)."""
+    from confluent_kafka import Consumer
+
+    direct = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"d-{topic}", "auto.offset.reset": "earliest"}
+    )
+    direct.subscribe([topic])
+    found: set[bytes] = set()
+    deadline = time.monotonic() + 60
+    while not want <= found and time.monotonic() < deadline:
+        for msg in direct.consume(1000, timeout=1.0):
+            value = msg.value()
+            if msg.error() is None and value is not None:
+                found.add(value)
+    direct.close()
+    return found
