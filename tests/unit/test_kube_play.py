@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
+from typing import Any
 
 from dev.kube_play import ProjectedVolume, for_podman, secret
 
-VOLUME = {
+VOLUME: dict[str, Any] = {
     "name": "config",
     "projected": {
         "defaultMode": 0o440,
@@ -20,7 +21,7 @@ VOLUME = {
 }
 
 
-def _objects(a: str, token: bytes) -> list[dict[str, object]]:
+def _objects(a: str, token: bytes) -> list[dict[str, Any]]:
     return [
         {"kind": "ConfigMap", "metadata": {"name": "cm"}, "data": {"a.yaml": a}},
         secret("s", {"token": token}),
@@ -29,12 +30,12 @@ def _objects(a: str, token: bytes) -> list[dict[str, object]]:
 
 def test_files_appear_through_data_and_an_update_replaces_them_at_once(tmp_path: Path) -> None:
     volume = ProjectedVolume(VOLUME, {}, tmp_path / "v")
-    volume.write(_objects("one", b"t1"))  # type: ignore[arg-type]
+    volume.write(_objects("one", b"t1"))
     assert (tmp_path / "v" / "a.yaml").read_text() == "one"
     assert (tmp_path / "v" / "admin" / "token").read_bytes() == b"t1"
     assert (tmp_path / "v" / "a.yaml").is_symlink() and (tmp_path / "v" / "..data").is_symlink()
     first = (tmp_path / "v" / "..data").readlink()
-    volume.write(_objects("two", b"t2"))  # type: ignore[arg-type]
+    volume.write(_objects("two", b"t2"))
     assert (tmp_path / "v" / "a.yaml").read_text() == "two"
     assert (tmp_path / "v" / "admin" / "token").read_bytes() == b"t2"
     assert not (tmp_path / "v" / first).exists(), "the old copy is removed"
@@ -42,7 +43,7 @@ def test_files_appear_through_data_and_an_update_replaces_them_at_once(tmp_path:
 
 
 def test_the_pod_is_given_what_podman_lacks(tmp_path: Path) -> None:
-    deployment = {
+    deployment: dict[str, Any] = {
         "kind": "Deployment",
         "spec": {
             "template": {
