@@ -344,10 +344,10 @@ def fetch_runs(kafka_broker: KafkaCluster, tmp_path_factory: pytest.TempPathFact
     """The librdkafka and the aiokafka consumer of the fetch-quota tests, each with a topic, a
     proxy and a 1 MiB/s consumer quota of its own, measured over the same span side by side
     rather than one after the other; each test judges its own client's figures."""
-    topics = {
-        "confluent": _filled_topic(kafka_broker, "q-fetch"),
-        "aiokafka": _filled_topic(kafka_broker, "q-fetch-aio"),
-    }
+    with ThreadPoolExecutor(2) as fill:  # written side by side too
+        confluent_topic = fill.submit(_filled_topic, kafka_broker, "q-fetch")
+        aiokafka_topic = fill.submit(_filled_topic, kafka_broker, "q-fetch-aio")
+        topics = {"confluent": confluent_topic.result(), "aiokafka": aiokafka_topic.result()}
     client_ids = {"confluent": "slow-consumer", "aiokafka": "slow-aiokafka"}
     with contextlib.ExitStack() as proxies:
         proxy = {
