@@ -17,7 +17,6 @@
 # prints the arguments that work on this machine.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cache=${KTHROTTLE_CACHE:-$HOME/.cache/kthrottle}/images
 tag=kthrottle:dev
 extras=""
 print_run_args=false
@@ -74,31 +73,7 @@ have_image() { "$engine" image inspect "$1" >/dev/null 2>&1; }
 # A Debian root file system with Python 3.11, imported as image $1 (packages: the rest).
 make_base() {
   local name=$1; shift
-  local packages
-  packages=$(IFS=,; echo "$*")
-  local key
-  key=$(printf '%s %s %s' "$release" "$packages" "v1" | sha256sum | cut -c1-12)
-  local tarball="$cache/base-$release-$key.tar"
-  mkdir -p "$cache"
-  if [ ! -f "$tarball" ]; then
-    command -v debootstrap >/dev/null || {
-      say "installing debootstrap (apt-get)"
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap >&2
-    }
-    local root
-    root=$(mktemp -d "$cache/rootfs.XXXXXX")
-    say "making $name with debootstrap ($release, $packages): no registry answered"
-    debootstrap --variant=minbase --include="$packages" "$release" "$root" http://deb.debian.org/debian >&2
-    # As in the python images: pip installs into the system Python (PEP 668 marker removed),
-    # no package lists or downloaded packages left behind.
-    rm -f "$root"/usr/lib/python3*/EXTERNALLY-MANAGED
-    rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/usr/share/doc/* \
-      "$root"/usr/share/man/* "$root"/usr/share/locale/*
-    tar -C "$root" -cf "$tarball.partial" .
-    mv "$tarball.partial" "$tarball"
-    rm -rf "$root"
-  fi
-  "$engine" import "$tarball" "$name" >/dev/null
+  bash "$repo/dev/debootstrap_base.sh" "$engine" "$name" "$release" "$@"
 }
 
 for base in "$builder_base" "$final_base"; do

@@ -5,14 +5,16 @@ podman runs a Deployment's pod with the chart's images, commands, security conte
 emptyDir volumes as they are. Where it has no equivalent, this module stands in for the
 kubelet, the way the kubelet does it:
 
-- projected volumes (the chart's ConfigMap and Secrets in one directory): written to a host
+- projected and ConfigMap volumes (the chart's ConfigMaps and Secrets): written to a host
   directory in the kubelet's layout (the keys in a timestamped directory, ``..data`` pointing at
   it, each file a link through ``..data``), with the volume's mode and the pod's fsGroup, and
   updated as the kubelet updates them: a new directory, then ``..data`` swapped in one rename;
 - ``status.podIP``: the pod runs on the host's network (podman publishes no container ports
   there, so the pod's ``ports`` are dropped); its address is 127.0.0.1;
 - probes: podman turns an httpGet probe into a curl inside the container (the image has neither
-  curl nor a shell), so ``probe`` asks them from outside, as the kubelet does.
+  curl nor a shell), so ``probe`` asks them from outside, as the kubelet does;
+- a StatefulSet (podman plays Pods and Deployments): its one pod, with its host name, its DNS
+  name, its volume claims as host directories, and native sidecars beside the main containers.
 
 What only a real Kubernetes cluster checks: Services and their endpoints, NetworkPolicy, the
 PodDisruptionBudget, preStop hooks, the kubelet's own sync period, and scheduling.
@@ -86,8 +88,12 @@ class ProjectedVolume:
     it (AtomicWriter): readers never see half an update."""
 
     def __init__(self, volume: Mapping[str, Any], pod_spec: Mapping[str, Any], directory: Path) -> None:
-        self.sources = volume["projected"]["sources"]
-        self.mode = int(volume["projected"].get("defaultMode", 0o644))
+        if "projected" in volume:
+            self.sources = volume["projected"]["sources"]
+            self.mode = int(volume["projected"].get("defaultMode", 0o644))
+        else:  # a configMap volume: one source
+            self.sources = [{"configMap": volume["configMap"]}]
+            self.mode = int(volume["configMap"].get("defaultMode", 0o644))
         # The pod's fsGroup owns the files, as the kubelet sets it (root alone may give them away).
         group = (pod_spec.get("securityContext") or {}).get("fsGroup")
         self.group = group if os.geteuid() == 0 else None
@@ -105,7 +111,8 @@ class ProjectedVolume:
             obj = by_name.get((kind, ref["name"]))
             if obj is None:
                 raise AssertionError(f"the pod mounts {kind} {ref['name']}, which is not there")
-            for item in ref["items"]:
+            items = ref.get("items") or [{"key": key, "path": key} for key in obj["data"]]
+            for item in items:
                 raw = obj["data"][item["key"]]
                 out[item["path"]] = base64.b64decode(raw) if kind == "Secret" else raw.encode()
         return out
@@ -140,18 +147,73 @@ class ProjectedVolume:
             shutil.rmtree(self.directory / old)
 
 
-def for_podman(deployment: dict[str, Any], volumes_dir: Path) -> tuple[dict[str, Any], list[ProjectedVolume]]:
-    """The Deployment as podman 4.3 can play it on the host's network, and its projected volumes
-    (written by the caller with ``ProjectedVolume.write``)."""
-    dep = yaml.safe_load(yaml.safe_dump(deployment))  # a deep copy
-    pod = dep["spec"]["template"]["spec"]
+def for_podman(workload: dict[str, Any], volumes_dir: Path) -> tuple[dict[str, Any], list[ProjectedVolume]]:
+    """The Deployment (or a one-replica StatefulSet, as its pod ``<name>-0``) as podman 4.3 can
+    play it on the host's network, and its ConfigMap and projected volumes (written by the
+    caller with ``ProjectedVolume.write``).
+
+    For a StatefulSet: the pod's host name and its DNS name under the headless Service resolve
+    to 127.0.0.1 (a hosts file mounted in every container); volume claims become host directories owned by the pod's
+    fsGroup (as a provisioner's volume is); native sidecars (init containers that restart
+    always) run beside the main containers, which podman would otherwise wait for them to end."""
+    work = yaml.safe_load(yaml.safe_dump(workload))  # a deep copy
+    pod = work["spec"]["template"]["spec"]
     pod["hostNetwork"] = True
+    context = pod.setdefault("securityContext", {})
+    if "fsGroup" in context:  # the kubelet adds the fsGroup to every container's groups
+        groups = context.setdefault("supplementalGroups", [])
+        if context["fsGroup"] not in groups:
+            groups.append(context["fsGroup"])
+    if work["kind"] == "StatefulSet":
+        if int(work["spec"].get("replicas", 1)) != 1:
+            raise ValueError("podman runs one pod of a StatefulSet here: render it with replicas 1")
+        name = f"{work['metadata']['name']}-0"
+        domain = (
+            f"{work['spec']['serviceName']}.{work['metadata'].get('namespace', 'default')}.svc.cluster.local"
+        )
+        pod["hostname"] = name
+        # Cluster DNS: the pod's names resolve to 127.0.0.1 (podman 4.3 ignores hostAliases on
+        # the host's network, so every container gets this hosts file).
+        hosts = volumes_dir / "hosts"
+        hosts.parent.mkdir(parents=True, exist_ok=True)
+        hosts.write_text(f"127.0.0.1 localhost\n127.0.0.1 {name} {name}.{domain}\n")
+        hosts.chmod(0o644)
+        pod.setdefault("volumes", []).append(
+            {"name": "cluster-dns", "hostPath": {"path": str(hosts), "type": "File"}}
+        )
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            container.setdefault("volumeMounts", []).append(
+                {"name": "cluster-dns", "mountPath": "/etc/hosts", "readOnly": True}
+            )
+        group = (pod.get("securityContext") or {}).get("fsGroup")
+        for claim in work["spec"].pop("volumeClaimTemplates", []):
+            claim_dir = volumes_dir / claim["metadata"]["name"]
+            claim_dir.mkdir(parents=True, exist_ok=True)
+            if group is not None and os.geteuid() == 0:
+                os.chown(claim_dir, int(group), int(group))
+            claim_dir.chmod(0o2775)
+            pod.setdefault("volumes", []).append(
+                {"name": claim["metadata"]["name"], "hostPath": {"path": str(claim_dir), "type": "Directory"}}
+            )
+        work = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": work["spec"]["template"]["metadata"].get("labels", {})},
+            "spec": pod,
+        }
+    sidecars = [c for c in pod.get("initContainers", []) if c.get("restartPolicy") == "Always"]
+    if sidecars:
+        pod["initContainers"] = [c for c in pod["initContainers"] if c not in sidecars]
+        for sidecar in sidecars:
+            del sidecar["restartPolicy"]
+        pod["containers"] = [*sidecars, *pod["containers"]]
     projected = []
     for volume in pod.get("volumes", []):
-        if "projected" in volume:
+        if "projected" in volume or "configMap" in volume:
             pv = ProjectedVolume(volume, pod, volumes_dir / volume["name"])
             projected.append(pv)
-            del volume["projected"]
+            volume.pop("projected", None)
+            volume.pop("configMap", None)
             volume["hostPath"] = {"path": str(pv.directory), "type": "Directory"}
     for container in [*pod.get("initContainers", []), *pod["containers"]]:
         container.pop("ports", None)
@@ -160,7 +222,7 @@ def for_podman(deployment: dict[str, Any], volumes_dir: Path) -> tuple[dict[str,
             if field == "status.podIP":
                 del env["valueFrom"]
                 env["value"] = "127.0.0.1"
-    return dep, projected
+    return work, projected
 
 
 def container_ports(container: Mapping[str, Any]) -> dict[str, int]:
@@ -171,10 +233,12 @@ def probe(container: Mapping[str, Any], which: str, timeout: float | None = None
     """Ask the container's ``which`` probe (startupProbe, readinessProbe, livenessProbe, an httpGet)
     as the kubelet does, every periodSeconds, until it passes; seconds it took. Raises when it
     failed failureThreshold times in a row (or ``timeout`` passed)."""
-    spec = container[which]["httpGet"]
+    spec = container[which].get("httpGet") or container[which]["tcpSocket"]
     port = spec["port"]
     if isinstance(port, str):
         port = container_ports(container)[port]
+    if "path" not in spec:  # tcpSocket: the port accepts a connection
+        return _wait_for_tcp(container[which], port, which, timeout)
     period = float(container[which].get("periodSeconds", 10))
     failures_allowed = int(container[which].get("failureThreshold", 3))
     per_try = float(container[which].get("timeoutSeconds", 1))
@@ -196,6 +260,24 @@ def probe(container: Mapping[str, Any], which: str, timeout: float | None = None
         if failures >= failures_allowed or (timeout is not None and time.monotonic() - began > timeout):
             raise AssertionError(f"{which} failed {failures} times, last: {last}")
         time.sleep(period)
+
+
+def _wait_for_tcp(probe_spec: Mapping[str, Any], port: int, which: str, timeout: float | None) -> float:
+    import socket
+
+    period = float(probe_spec.get("periodSeconds", 10))
+    began = time.monotonic()
+    deadline = began + (timeout if timeout is not None else 600.0)
+    while True:
+        try:
+            with socket.create_connection(
+                ("127.0.0.1", port), timeout=float(probe_spec.get("timeoutSeconds", 1))
+            ):
+                return time.monotonic() - began
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{which} (tcp {port}) never passed: {exc!r}") from exc
+        time.sleep(min(period, 1.0))
 
 
 @contextmanager

@@ -1,12 +1,14 @@
-"""The Helm chart's gateway on a real container runtime: rendered by ``helm template``, run by
-``podman kube play`` on the image the suite builds, in front of the harness's real broker. Its
-pod starts as the chart's security context says, its probes pass, clients produce and consume
-through the ports its Service names, a changed ConfigMap reloads the quotas in the running pod,
-and ``podman kube down`` drains it with nothing acknowledged lost.
+"""The Helm chart's pods on a real container runtime: rendered by ``helm template``, run by
+``podman kube play`` on the image the suite builds. The gateway, in front of the harness's real
+broker: its pod starts as the chart's security context says, its probes pass, clients produce
+and consume through the port its Service names, a changed ConfigMap reloads the quotas in the
+running pod, and deleted as Kubernetes deletes a pod it drains with nothing acknowledged lost.
+The sidecar, in the chart's example broker pod on a broker image of the harness's Kafka jars:
+both containers start, probes pass, clients go through the sidecar, and its quota holds.
 
 Runs as its own step of `.ci/run`, after the image step. What podman lacks and the test stands in
-for (the kubelet's projected volumes, the pod IP, probes asked from outside), and what only a real
-Kubernetes cluster checks, are in dev/kube_play.py and the README.
+for (the kubelet's volumes and DNS, the pod IP, probes asked from outside, a StatefulSet's pod),
+and what only a real Kubernetes cluster checks, are in dev/kube_play.py and docs/deployment.md.
 """
 
 from __future__ import annotations
@@ -251,3 +253,170 @@ def _read_all(bootstrap: str, topic: str, want: set[bytes]) -> set[bytes]:
                 found.add(value)
     direct.close()
     return found
+
+
+@pytest.fixture(scope="module")
+def broker_image(podman_env: dict[str, str]) -> str:
+    """The Apache Kafka broker image of the harness's jars (dev/broker_image.sh)."""
+    built = subprocess.run(
+        ["bash", str(kube_play.REPO / "dev" / "broker_image.sh"), "--tag", BROKER_TAG],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=podman_env,
+    )
+    assert built.returncode == 0, built.stderr[-4000:]
+    print(built.stdout.strip().splitlines()[-1])
+    return BROKER_TAG
+
+
+BROKER_TAG = "kthrottle-kafka:test"
+
+
+@pytest.mark.timeout(600)
+def test_the_sidecar_runs_on_podman_beside_a_broker(
+    podman_env: dict[str, str], broker_image: str, tmp_path: Path
+) -> None:
+    """The chart's example broker StatefulSet (one replica) with kthrottle as its native sidecar,
+    on a broker image built from the harness's Kafka jars: both containers start as the chart
+    says, the sidecar's probes and the broker's readiness pass, clients produce and consume
+    through the sidecar, and the sidecar holds a client to the chart's quota."""
+    from confluent_kafka import Consumer, Producer
+
+    ports = {"listen": free_port(), "upstream": free_port(), "admin": free_port()}
+    ports.update(replication=free_port(), controller=free_port())
+    repository, tag = TAG.split(":")
+    broker_repository, broker_tag = broker_image.split(":")
+    quota = 256 * 1024
+    values: dict[str, Any] = {
+        "mode": "sidecar",
+        "image": {"repository": f"localhost/{repository}", "tag": tag, "pullPolicy": "Never"},
+        "sidecar": {
+            "listenPort": ports["listen"],
+            "upstream": f"127.0.0.1:{ports['upstream']}",
+            "advertisedHost": "127.0.0.1",
+            "exampleStatefulSet": {
+                "enabled": True,
+                "replicas": 1,
+                "image": {
+                    "repository": f"localhost/{broker_repository}",
+                    "tag": broker_tag,
+                    "pullPolicy": "Never",
+                },
+                "heapOpts": "-Xms256m -Xmx256m",
+                "ports": {"replication": ports["replication"], "controller": ports["controller"]},
+                "serverProperties": {
+                    "num.partitions": 1,
+                    "default.replication.factor": 1,
+                    "min.insync.replicas": 1,
+                    "offsets.topic.replication.factor": 1,
+                    "transaction.state.log.replication.factor": 1,
+                    "transaction.state.log.min.isr": 1,
+                },
+            },
+        },
+        "admin": {"port": ports["admin"], "token": {"enabled": True, "secretName": "kthrottle-admin"}},
+        "config": {"drain_seconds": 5},
+        "quotas": {
+            "window": {"num": 11, "size_seconds": 0.2},
+            "clients": {"podman-slow": {"producer_byte_rate": quota}},
+        },
+    }
+    manifests = kube_play.render(values)
+    statefulset = kube_play.only(manifests, "StatefulSet")
+    token = secrets.token_hex(16)
+    objects = [
+        *(m for m in manifests if m["kind"] == "ConfigMap"),
+        kube_play.secret("kthrottle-admin", {"token": token.encode()}),
+    ]
+    pod, volumes = kube_play.for_podman(statefulset, tmp_path / "volumes")
+    for volume in volumes:
+        volume.write(objects)
+    spec = statefulset["spec"]["template"]["spec"]
+    sidecar = next(c for c in spec["initContainers"] if c.get("restartPolicy") == "Always")
+    broker = spec["containers"][0]
+    pod_name = pod["metadata"]["name"]
+    bootstrap = f"127.0.0.1:{ports['listen']}"
+    topic = f"podman-sidecar-{uuid.uuid4().hex[:6]}"
+
+    with kube_play.played([pod], tmp_path, podman_env):
+        try:
+            kube_play.probe(sidecar, "startupProbe")
+            kube_play.probe(broker, "readinessProbe", timeout=180)
+            kube_play.probe(sidecar, "readinessProbe")
+            for container, user in ((sidecar, "10001"), (broker, "1000")):
+                info = kube_play.inspect(f"{pod_name}-{container['name']}", podman_env)
+                assert info["Config"]["User"].split(":")[0] == user, info["Config"]["User"]
+                assert info["HostConfig"]["ReadonlyRootfs"] is True
+                assert not info["HostConfig"]["CapAdd"]
+
+            acked: list[bytes] = []
+            failed: list[str] = []
+
+            def delivered(err: object, msg: Any) -> None:
+                if err is None:
+                    acked.append(msg.value())
+                else:
+                    failed.append(str(err))
+
+            # A client at its defaults: produce and consume through the sidecar.
+            producer = Producer({"bootstrap.servers": bootstrap, "client.id": "podman-client"})
+            for i in range(500):
+                producer.produce(topic, f"s{i}".encode(), on_delivery=delivered)
+                producer.poll(0)
+            assert producer.flush(120) == 0 and not failed, failed[:3]
+            consumer = Consumer(
+                {"bootstrap.servers": bootstrap, "group.id": f"g-{topic}", "auto.offset.reset": "earliest"}
+            )
+            consumer.subscribe([topic])
+            seen: set[bytes] = set()
+            deadline = time.monotonic() + 90
+            while len(seen) < len(acked) and time.monotonic() < deadline:
+                for msg in consumer.consume(500, timeout=1.0):
+                    value = msg.value()
+                    if msg.error() is None and value is not None:
+                        seen.add(value)
+            consumer.close()
+            assert seen == set(acked), f"{len(set(acked) - seen)} acknowledged messages not consumed"
+
+            # The chart's quota holds a greedy client in the sidecar: 1.5 MiB in 64 KiB batches at
+            # 256 KiB/s, past the window's burst (quota x 10 x 0.2 s), takes seconds (the last
+            # batch's throttle comes after its answer), and the client is told of the throttle.
+            throttles: list[int] = []
+
+            def on_stats(raw: str) -> None:
+                for broker_stats in json.loads(raw).get("brokers", {}).values():
+                    throttles.append(int(broker_stats.get("throttle", {}).get("max", 0)))
+
+            slow = Producer(
+                {
+                    "bootstrap.servers": bootstrap,
+                    "client.id": "podman-slow",
+                    "batch.size": 65536,
+                    "linger.ms": 5,
+                    "statistics.interval.ms": 200,
+                    "stats_cb": on_stats,
+                }
+            )
+            began = time.monotonic()
+            for _ in range(1536):
+                slow.produce(topic, b"x" * 1024, on_delivery=delivered)
+                slow.poll(0)
+            assert slow.flush(120) == 0 and not failed, failed[:3]
+            took = time.monotonic() - began
+            slow.poll(0.5)  # a last statistics callback
+            least = (1536 * 1024 - 2 * quota - 65536) / quota
+            assert took >= 0.75 * least, f"1.5 MiB in {took:.1f} s at {quota // 1024} KiB/s"
+            assert max(throttles, default=0) > 0, "the client was never told of a throttle"
+            status, body = _admin(ports["admin"], "/quotas/entity?client_id=podman-slow", token)
+            assert status == 200 and json.loads(body)["producer_byte_rate"]["quota"] == quota, body
+        except BaseException:
+            for container in (sidecar, broker):
+                logs = subprocess.run(
+                    ["podman", "logs", "--tail", "40", f"{pod_name}-{container['name']}"],
+                    capture_output=True,
+                    text=True,
+                    env=podman_env,
+                )
+                print(f"--- {container['name']}:\n{logs.stdout}{logs.stderr}")
+            raise
