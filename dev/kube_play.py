@@ -153,9 +153,11 @@ def for_podman(workload: dict[str, Any], volumes_dir: Path) -> tuple[dict[str, A
     caller with ``ProjectedVolume.write``).
 
     For a StatefulSet: the pod's host name and its DNS name under the headless Service resolve
-    to 127.0.0.1 (a hosts file mounted in every container); volume claims become host directories owned by the pod's
-    fsGroup (as a provisioner's volume is); native sidecars (init containers that restart
-    always) run beside the main containers, which podman would otherwise wait for them to end."""
+    to 127.0.0.1 (a hosts file mounted in every container); volume claims become host
+    directories owned by the pod's fsGroup (as a provisioner's volume is); native sidecars (init
+    containers that restart always) run beside the main containers, which podman would
+    otherwise wait for them to end. The fsGroup joins every container's groups, as the kubelet
+    adds it."""
     work = yaml.safe_load(yaml.safe_dump(workload))  # a deep copy
     pod = work["spec"]["template"]["spec"]
     pod["hostNetwork"] = True
