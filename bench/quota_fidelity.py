@@ -394,7 +394,9 @@ def main() -> None:
     for brokers in (1, 3):
         cells = [c for b, c in planned if b == brokers]
         if cells:
-            run_cluster(brokers, cells, args.seconds, hold=not args.no_hold, produce_shaping=args.produce_shaping)
+            run_cluster(
+                brokers, cells, args.seconds, hold=not args.no_hold, produce_shaping=args.produce_shaping
+            )
     cells = [c for _b, c in planned]
     if args.marks is not None:
         saved = {
