@@ -40,6 +40,8 @@ import collections
 import contextlib
 import json
 import multiprocessing
+import queue
+import shutil
 import statistics
 import sys
 import tempfile
@@ -207,27 +209,58 @@ def kafka_python_producer(
 
 
 class _Seen:
-    """Keys a group consumed: the distinct ones, how many came twice, and a shared count the
-    main process watches to know when the group has caught up."""
+    """Keys a group consumed, each with where it was read (partition, offset): a key at two
+    places was written twice (a duplicate); the same place read again is a redelivery, which a
+    group gives after a restart or a rebalance (at-least-once) and is counted apart. ``progress``
+    is a shared count the main process watches to know when the group has caught up."""
 
     def __init__(self, progress: Synchronized[int]) -> None:
-        self.keys: set[str] = set()
-        self.duplicates = 0
+        self.places: dict[str, set[tuple[int, int]]] = {}
+        self.redelivered = 0
         self.progress = progress
 
-    def add(self, key: bytes | None) -> None:
+    def add(self, key: bytes | None, partition: int, offset: int) -> None:
         text = (key or b"").decode()
-        if text in self.keys:
-            self.duplicates += 1
-        else:
-            self.keys.add(text)
-        self.progress.value = len(self.keys)
+        places = self.places.setdefault(text, set())
+        if (partition, offset) in places:
+            self.redelivered += 1
+        places.add((partition, offset))
+        self.progress.value = len(self.places)
+
+    def report(self) -> dict[str, Any]:
+        """Each key with one place it was read at, and this member's duplicates and redeliveries."""
+        return {
+            "places": {key: min(places) for key, places in self.places.items()},
+            "duplicates": sum(len(p) - 1 for p in self.places.values()),
+            "redelivered": self.redelivered,
+        }
+
+
+def _log_to(log_dir: str | None, worker: str) -> None:
+    """This worker's client library logs at INFO into ``log_dir/worker.log`` (kept when the soak
+    fails: a group's joins, assignments and errors are there)."""
+    if log_dir:
+        import logging
+
+        logging.basicConfig(
+            filename=str(Path(log_dir) / f"{worker}.log"),
+            level=logging.INFO,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
 
 
 def librdkafka_consumer(
-    bootstrap: str, stop: Event, out: Any, topic: str, group: str, progress: Synchronized[int]
+    bootstrap: str,
+    stop: Event,
+    out: Any,
+    topic: str,
+    group: str,
+    progress: Synchronized[int],
+    log_dir: str | None = None,
 ) -> None:
     from confluent_kafka import Consumer
+
+    _log_to(log_dir, group)
 
     consumer = Consumer(
         {
@@ -246,14 +279,22 @@ def librdkafka_consumer(
             if err is not None:
                 errors[f"librdkafka-consumer:{err.name()}"] += 1
             else:
-                seen.add(msg.key())
+                seen.add(msg.key(), msg.partition() or 0, msg.offset() or 0)
     consumer.close()
-    _report(out, group, topic=topic, keys=sorted(seen.keys), duplicates=seen.duplicates, errors=dict(errors))
+    _report(out, group, topic=topic, **seen.report(), errors=dict(errors))
 
 
 def aiokafka_consumer(
-    bootstrap: str, stop: Event, out: Any, topic: str, group: str, progress: Synchronized[int]
+    bootstrap: str,
+    stop: Event,
+    out: Any,
+    topic: str,
+    group: str,
+    progress: Synchronized[int],
+    log_dir: str | None = None,
 ) -> None:
+    _log_to(log_dir, group)
+
     async def run() -> None:
         from aiokafka import AIOKafkaConsumer
 
@@ -272,21 +313,30 @@ def aiokafka_consumer(
                     continue
                 for records in batch.values():
                     for record in records:
-                        seen.add(record.key)
+                        seen.add(record.key, record.partition, record.offset)
         finally:
             await consumer.stop()
-        _report(
-            out, group, topic=topic, keys=sorted(seen.keys), duplicates=seen.duplicates, errors=dict(errors)
-        )
+        _report(out, group, topic=topic, **seen.report(), errors=dict(errors))
 
     asyncio.run(run())
 
 
 def kafka_python_consumer(
-    bootstrap: str, stop: Event, out: Any, topic: str, group: str, progress: Synchronized[int]
+    bootstrap: str,
+    stop: Event,
+    out: Any,
+    topic: str,
+    group: str,
+    progress: Synchronized[int],
+    log_dir: str | None = None,
+    member: str = "",
 ) -> None:
+    """A kafka-python member of ``group``; ``member`` names a second one (the rebalance), which
+    reports as ``group+member``."""
     from kafka import KafkaConsumer
 
+    name = f"{group}+{member}" if member else group
+    _log_to(log_dir, name)
     consumer = KafkaConsumer(
         topic, bootstrap_servers=bootstrap, group_id=group, client_id=group, auto_offset_reset="earliest"
     )
@@ -300,9 +350,9 @@ def kafka_python_consumer(
             continue
         for records in batch.values():
             for record in records:
-                seen.add(record.key)
+                seen.add(record.key, record.partition, record.offset)
     consumer.close()
-    _report(out, group, topic=topic, keys=sorted(seen.keys), duplicates=seen.duplicates, errors=dict(errors))
+    _report(out, name, topic=topic, **seen.report(), errors=dict(errors))
 
 
 def librdkafka_replayer(bootstrap: str, stop: Event, out: Any, topic: str, client_id: str) -> None:
@@ -394,11 +444,21 @@ def latency_probe(bootstrap: str, stop: Event, out: Any, direct: str, per_second
     both see the same moment's load; the difference of their p99s is what the proxy adds."""
     from dev.loadgen import produce_request
 
+    async def reconnect(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A new connection, tried every half second (the broker may be restarting)."""
+        host, port = address.rsplit(":", 1)
+        while True:
+            try:
+                return await asyncio.open_connection(host, int(port))
+            except OSError:
+                if stop.is_set():
+                    raise
+                await asyncio.sleep(0.5)
+
     async def run() -> None:
         conns = {}
         for name, address in (("direct", direct), ("proxy", bootstrap)):
-            host, port = address.rsplit(":", 1)
-            conns[name] = await asyncio.open_connection(host, int(port))
+            conns[name] = await reconnect(address)
         samples: dict[str, list[tuple[float, float]]] = {"direct": [], "proxy": []}
         errors: collections.Counter[str] = collections.Counter()
         payload, cid, began = b"p" * 100, 0, time.monotonic()
@@ -413,8 +473,8 @@ def latency_probe(bootstrap: str, stop: Event, out: Any, direct: str, per_second
                     body = await reader.readexactly(size)
                 except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
                     errors[f"probe-{name}:{type(exc).__name__}"] += 1
-                    host, port = (direct if name == "direct" else bootstrap).rsplit(":", 1)
-                    conns[name] = await asyncio.open_connection(host, int(port))
+                    writer.close()
+                    conns[name] = await reconnect(direct if name == "direct" else bootstrap)
                     break
                 if int.from_bytes(body[:4], "big") != cid:
                     errors[f"probe-{name}:correlation"] += 1
@@ -479,21 +539,28 @@ def soak_config(cluster: Any) -> dict[str, Any]:
     )
 
 
-def run(minutes: float, warmup: float) -> Result:
+def run(minutes: float, warmup: float, faults: bool = False, log_dir: str | None = None) -> Result:
+    """The soak. ``faults``: the broker is restarted at a third of the run and a second
+    kafka-python member joins group soak-gb-kp at half of it and leaves at two thirds (two
+    rebalances). Client and proxy logs go to ``log_dir`` (kept by the caller)."""
     from dev.harness import KafkaCluster
     from dev.proxy_process import ProxyProcess
 
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    stop_producers, stop_rest = ctx.Event(), ctx.Event()
-    progress = {group: ctx.Value("q", 0) for group in ("soak-ga", "soak-gb-rd", "soak-gb-kp")}
+    stop_producers, stop_rest, stop_member = ctx.Event(), ctx.Event(), ctx.Event()
+    groups = ("soak-ga", "soak-gb-rd", "soak-gb-kp")
+    progress = {group: ctx.Value("q", 0) for group in (*groups, "soak-gb-kp+2")}
+    events: list[str] = []
     with (
         tempfile.TemporaryDirectory(prefix="kthrottle-soak-") as tmp,
         KafkaCluster(brokers=1, workdir=Path(tmp) / "kafka") as cluster,
     ):
         for topic, partitions in TOPICS.items():
             cluster.create_topic(topic, partitions)
-        with ProxyProcess(soak_config(cluster), workdir=Path(tmp) / "proxy") as proxy:
+        proxy = ProxyProcess(soak_config(cluster), workdir=Path(tmp) / "proxy")
+        try:
+            proxy.start()
             assert proxy.proc is not None
             pid, boot = proxy.proc.pid, proxy.bootstrap
             producers: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
@@ -502,9 +569,9 @@ def run(minutes: float, warmup: float) -> Result:
                 (kafka_python_producer, ("soak-b", "soak-kp", 100)),
             ]
             others: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
-                (aiokafka_consumer, ("soak-a", "soak-ga", progress["soak-ga"])),
-                (librdkafka_consumer, ("soak-b", "soak-gb-rd", progress["soak-gb-rd"])),
-                (kafka_python_consumer, ("soak-b", "soak-gb-kp", progress["soak-gb-kp"])),
+                (aiokafka_consumer, ("soak-a", "soak-ga", progress["soak-ga"], log_dir)),
+                (librdkafka_consumer, ("soak-b", "soak-gb-rd", progress["soak-gb-rd"], log_dir)),
+                (kafka_python_consumer, ("soak-b", "soak-gb-kp", progress["soak-gb-kp"], log_dir)),
                 (librdkafka_replayer, ("soak-a", "soak-replayer")),
                 (librdkafka_admin, ("soak-admin",)),
                 (latency_probe, (cluster.bootstrap_servers.split(",")[0], 20)),
@@ -515,6 +582,11 @@ def run(minutes: float, warmup: float) -> Result:
             ] + [
                 ctx.Process(target=fn, args=(boot, stop_rest, out, *args), daemon=True) for fn, args in others
             ]
+            member = ctx.Process(
+                target=kafka_python_consumer,
+                args=(boot, stop_member, out, "soak-b", "soak-gb-kp", progress["soak-gb-kp+2"], log_dir, "2"),
+                daemon=True,
+            )
             rss_launch, fds_launch = rss_bytes(pid), open_fds(pid)
             began = time.monotonic()
             for worker in workers:
@@ -522,13 +594,39 @@ def run(minutes: float, warmup: float) -> Result:
             trace: list[tuple[float, int, int]] = []
             start_sample: tuple[int, int] | None = None
             deadline = began + minutes * 60
+            # Faults, at fractions of the run: (when, what).
+            planned = [(1 / 3, "restart the broker"), (1 / 2, "a member joins"), (2 / 3, "the member leaves")]
+            pending = [(began + f * minutes * 60, what) for f, what in planned] if faults else []
+            last_moved = {group: (began, 0) for group in groups}
+            silences = {group: 0.0 for group in groups}
             while time.monotonic() < deadline:
                 time.sleep(min(10.0, max(0.0, deadline - time.monotonic())))
-                at = time.monotonic() - began
+                now = time.monotonic()
+                while pending and pending[0][0] <= now:
+                    _when, what = pending.pop(0)
+                    events.append(f"{(now - began) / 60:.1f} min: {what}")
+                    print(f"  {(now - began) / 60:5.1f} min  {what}", flush=True)
+                    if what == "restart the broker":
+                        node = cluster.nodes[0].node_id
+                        cluster.stop_node(node)
+                        time.sleep(5)
+                        cluster.start_node(node)
+                    elif what == "a member joins":
+                        member.start()
+                    else:
+                        stop_member.set()
+                at = now - began
                 sample = (rss_bytes(pid), open_fds(pid))
                 trace.append((at, *sample))
                 if start_sample is None and at >= warmup:
                     start_sample = sample
+                for group in groups:  # the longest a group went without a new message
+                    value = _consumed(progress, group)
+                    since, before = last_moved[group]
+                    if value != before:
+                        last_moved[group] = (now, value)
+                    else:
+                        silences[group] = max(silences[group], now - since)
                 print(
                     f"  {at / 60:5.1f} min  rss {sample[0] / MiB:6.1f} MiB  fds {sample[1]}"
                     f"  consumed {[v.value for v in progress.values()]}",
@@ -538,9 +636,7 @@ def run(minutes: float, warmup: float) -> Result:
             end_sample = (rss_bytes(pid), open_fds(pid))
             stop_producers.set()
             results: dict[str, Result] = {}
-            while len(results) < len(producers):
-                got = out.get(timeout=300)
-                results[got["worker"]] = got
+            _collect(out, results, {args[1] for _fn, args in producers}, workers)
             acked: dict[str, set[str]] = collections.defaultdict(set)
             for got in results.values():
                 if "acked" in got:
@@ -551,27 +647,78 @@ def run(minutes: float, warmup: float) -> Result:
                 "soak-gb-kp": len(acked["soak-b"]),
             }
             catch_up = time.monotonic() + 300
-            while any(progress[g].value < n for g, n in want.items()) and time.monotonic() < catch_up:
+            while any(_consumed(progress, g) < n for g, n in want.items()) and time.monotonic() < catch_up:
                 time.sleep(1)
             stop_rest.set()
-            while len(results) < len(workers):
-                got = out.get(timeout=300)
-                results[got["worker"]] = got
-            for worker in workers:
+            stop_member.set()
+            everyone = {_worker_name(fn, args) for fn, args in [*producers, *others]}
+            if member.pid is not None:
+                everyone.add("soak-gb-kp+2")
+            _collect(out, results, everyone, [*workers, member])
+            for worker in [*workers, *([member] if member.pid is not None else [])]:
                 worker.join(60)
             rss_final, fds_final = rss_bytes(pid), open_fds(pid)
             requests = scrape(proxy, "kthrottle_requests_total", "api")
             throttled = scrape(proxy, "kthrottle_throttled_requests_total", "api")
             upstream = scrape(proxy, "kthrottle_upstream_errors_total", "kind")
             rejected = scrape(proxy, "kthrottle_rejected_frames_total", "reason")
-            # The broker closing a connection idle for connections.max.idle.ms is no error.
+            # The broker closing a connection idle for connections.max.idle.ms is no error; nor,
+            # with faults, are the connections the broker's restart broke.
             broker_idle_closes = int(upstream.pop("idle_close", 0))
+            broken_by_restart = {k: int(upstream.pop(k)) for k in list(upstream) if faults and upstream[k]}
             proxy_errors = {f"proxy-upstream:{k}": v for k, v in upstream.items()}
             proxy_errors.update({f"proxy-rejected:{k}": v for k, v in rejected.items()})
+        finally:
+            proxy.stop()
+            if log_dir:
+                with contextlib.suppress(OSError):
+                    shutil.copy(proxy.log_path, Path(log_dir) / "kthrottle.log")
+                    shutil.copy(cluster.nodes[0].log_dir / "server.log", Path(log_dir) / "broker.log")
     return summarize(
-        results, acked, requests, throttled, proxy_errors, trace, start_sample, end_sample,
-        (rss_launch, fds_launch), (rss_final, fds_final), minutes,
-    ) | {"broker_idle_closes": broker_idle_closes}  # fmt: skip
+        results,
+        acked,
+        requests,
+        throttled,
+        proxy_errors,
+        trace,
+        start_sample,
+        end_sample,
+        (rss_launch, fds_launch),
+        (rss_final, fds_final),
+        minutes,
+    ) | {
+        "broker_idle_closes": broker_idle_closes,
+        "upstream_errors_from_the_restart": broken_by_restart,
+        "faults": events,
+        "longest_silence_s": {g: round(v, 1) for g, v in silences.items()},
+    }
+
+
+def _worker_name(fn: Callable[..., None], args: tuple[Any, ...]) -> str:
+    """The name a worker reports under: its client id or group, or "probe"."""
+    return "probe" if fn is latency_probe else str(args[1] if fn is not librdkafka_admin else args[0])
+
+
+def _collect(out: Any, results: dict[str, Result], names: set[str], workers: list[Any]) -> None:
+    """Reports from the workers until those of ``names`` have come (others may come first); a
+    worker that died without one (its traceback is on stderr) fails the soak at once rather than
+    after a long wait."""
+    deadline = time.monotonic() + 300
+    while not names <= results.keys():
+        try:
+            got = out.get(timeout=2)
+        except queue.Empty:
+            dead = [w.name for w in workers if w.pid is not None and w.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                raise RuntimeError(f"soak workers died or hung without reporting: {dead}") from None
+            continue
+        results[got["worker"]] = got
+
+
+def _consumed(progress: dict[str, Synchronized[int]], group: str) -> int:
+    """What a group has consumed, its second member's count included (an overcount, where both
+    read a key, only makes the wait for it shorter)."""
+    return progress[group].value + sum(v.value for g, v in progress.items() if g.startswith(f"{group}+"))
 
 
 def summarize(
@@ -600,14 +747,27 @@ def summarize(
     errors.update({k: int(v) for k, v in proxy_errors.items()})
     consumed: dict[str, Result] = {}
     for group in ("soak-ga", "soak-gb-rd", "soak-gb-kp"):
-        got = results[group]
-        keys = set(got["keys"])
+        members = [got for name, got in results.items() if name == group or name.startswith(f"{group}+")]
+        places: dict[str, list[int]] = {}
+        duplicates = sum(got["duplicates"] for got in members)
+        redelivered = sum(got["redelivered"] for got in members)
+        for got in members:  # a key two members read: at one place a redelivery, at two a duplicate
+            for key, place in got["places"].items():
+                before = places.setdefault(key, place)
+                if before is not place:
+                    if list(before) == list(place):
+                        redelivered += 1
+                    else:
+                        duplicates += 1
+        keys = set(places)
+        topic = members[0]["topic"]
         consumed[group] = {
-            "topic": got["topic"],
+            "topic": topic,
             "consumed": len(keys),
-            "duplicates": got["duplicates"],
-            "missing": len(acked[got["topic"]] - keys),
-            "unacked_but_consumed": len(keys - acked[got["topic"]]),
+            "duplicates": duplicates,
+            "redelivered": redelivered,
+            "missing": len(acked[topic] - keys),
+            "unacked_but_consumed": len(keys - acked[topic]),
         }
     produced = sum(len(keys) for keys in acked.values())
     equal = all(c["missing"] == 0 and c["unacked_but_consumed"] == 0 for c in consumed.values())
@@ -627,6 +787,7 @@ def summarize(
         "messages_consumed": {g: c["consumed"] for g, c in consumed.items()},
         "produced_equals_consumed": equal,
         "duplicates": sum(c["duplicates"] for c in consumed.values()),
+        "redelivered": {g: c["redelivered"] for g, c in consumed.items()},
         "missing": sum(c["missing"] for c in consumed.values()),
         "admin_topics_created": admin.get("create:ok", 0),
         "admin_topics_deleted": admin.get("delete:ok", 0),
@@ -655,8 +816,23 @@ def main() -> None:
     parser.add_argument(
         "--warmup-seconds", type=float, default=60.0, help="the RSS and fds 'start' is read after it"
     )
+    parser.add_argument(
+        "--faults",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="restart the broker at a third of the run, rebalance group soak-gb-kp at a half and two thirds",
+    )
+    parser.add_argument(
+        "--logs",
+        type=Path,
+        help="keep the clients', the proxy's and the broker's logs here (default: a new directory)",
+    )
     args = parser.parse_args()
-    figures = run(args.minutes, args.warmup_seconds)
+    log_dir = args.logs or Path(tempfile.mkdtemp(prefix="kthrottle-soak-logs-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    print(f"logs: {log_dir}", flush=True)
+    figures = run(args.minutes, args.warmup_seconds, faults=args.faults, log_dir=str(log_dir))
+    figures["logs"] = str(log_dir)
     with contextlib.suppress(Exception):
         print(
             f"requests {figures['requests_served']}, produced {figures['messages_produced']}, "

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +23,7 @@ WARMUP_SECONDS = 15
 
 
 @pytest.mark.timeout(MINUTES * 60 + 600)
-def test_soak_loses_nothing_and_does_not_creep() -> None:
+def test_soak_loses_nothing_and_does_not_creep(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             sys.executable,
@@ -31,6 +32,9 @@ def test_soak_loses_nothing_and_does_not_creep() -> None:
             str(MINUTES),
             "--warmup-seconds",
             str(WARMUP_SECONDS),
+            "--no-faults",  # the broker restart and the rebalances are the 30-minute run's
+            "--logs",
+            str(tmp_path / "logs"),
         ],
         cwd=REPO,
         capture_output=True,
