@@ -14,8 +14,16 @@ Workloads, each in a process of its own (so one library's GIL does not time anot
   - a latency probe: one-record Produce requests, alternately straight to the broker and
     through the proxy, 20 a second each; p99 of each per minute, the difference is what the proxy adds
 
+Faults (on by default; --no-faults for none): the broker is stopped and started again at a
+third of the run, and a second kafka-python member joins group soak-gb-kp at half of it and
+leaves at two thirds (two rebalances).
+
 Every message key is unique; after the run the producers flush, the consumers catch up, and
-every acknowledged key must have been consumed by every group reading its topic, exactly once.
+every acknowledged key must have been consumed by every group reading its topic. A key read at
+two places (partition, offset) was written twice (a duplicate); the same place read again is a
+redelivery, which a group gives after a restart or a rebalance (at-least-once), counted apart.
+Each consumer's client log (INFO), the proxy's and the broker's are kept (--logs DIR, else a new
+directory, printed first), so a group that went quiet can be read afterwards.
 The proxy's RSS and open file descriptors are read every 10 s; "start" is after the first
 minute (the warm-up: imports, first connections, buffers reaching their working size).
 
@@ -25,6 +33,10 @@ Prints one JSON line last:
                                   throttling answers the admin quota gives are expected and
                                   listed apart (throttled_by_kind); unexpected_errors sums the rest
   messages_produced / messages_consumed / produced_equals_consumed / duplicates / missing
+  redelivered                     by group: places read again (after the restart, the rebalances)
+  longest_silence_s               by group: the longest it went without a new message
+  faults                          what was done when; upstream_errors_from_the_restart: the
+                                  proxy's upstream errors while the broker was down
   rss_start_mib / rss_end_mib / rss_growth_pct    target: growth under 10%
   fds_start / fds_end
   p99_added_latency_ms_per_minute
