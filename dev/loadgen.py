@@ -1,6 +1,7 @@
 """Load-generator pieces for the benchmarks: raw Kafka requests, process CPU readings.
 
-Benchmarks only: the acceptance tests use real clients.
+For the benchmarks, and for tests of hostile clients (frames no real client sends); the
+acceptance tests otherwise use real clients.
 """
 
 from __future__ import annotations

@@ -181,8 +181,7 @@ def _produce_behind_a_wrong_password(bootstrap: str, topic: str) -> tuple[int, b
     """Log in over raw frames as bob with a wrong password (PLAIN) and, without waiting for the
     broker's verdict, send a 1 KiB Produce as client "intruder"; read until the proxy closes.
     Returns SaslAuthenticate's error code and whether any answer to the Produce came back."""
-    from kafka.record.default_records import DefaultRecordBatchBuilder
-
+    from dev.loadgen import produce_request
     from protocol import messages
     from protocol.api_keys import ApiKey
     from protocol.frames import RequestHeader, encode_request_header, frame
@@ -191,22 +190,6 @@ def _produce_behind_a_wrong_password(bootstrap: str, topic: str) -> tuple[int, b
         header = encode_request_header(RequestHeader(api_key, version, correlation_id, "intruder", 0))
         return frame(header + messages.encode(api_key, version, body, response=False))
 
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 16,
-    )
-    builder.append(0, timestamp=int(time.time() * 1000), key=None, value=b"x" * 1024, headers=[])
-    produce: dict[str, Any] = {
-        "transactional_id": None,
-        "acks": 1,
-        "timeout_ms": 5000,
-        "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": bytes(builder.build())}]}],
-    }
     host, port = bootstrap.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=15) as sock:
         sock.sendall(request(ApiKey.SASL_HANDSHAKE, 1, 1, {"mechanism": "PLAIN"}))
@@ -214,7 +197,7 @@ def _produce_behind_a_wrong_password(bootstrap: str, topic: str) -> tuple[int, b
         assert 1 in answers, "no SaslHandshake answer"
         sock.sendall(
             request(ApiKey.SASL_AUTHENTICATE, 2, 2, {"auth_bytes": b"\0bob\0not-bobs-password"})
-            + request(ApiKey.PRODUCE, 9, 3, produce)
+            + produce_request(topic, 3, b"x" * 1024, "intruder")
         )
         answers = _read_answers(sock, until_closed=True)
     assert 2 in answers, "no SaslAuthenticate answer"
