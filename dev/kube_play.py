@@ -187,7 +187,7 @@ def for_podman(workload: dict[str, Any], volumes_dir: Path) -> tuple[dict[str, A
             container.setdefault("volumeMounts", []).append(
                 {"name": "cluster-dns", "mountPath": "/etc/hosts", "readOnly": True}
             )
-        group = (pod.get("securityContext") or {}).get("fsGroup")
+        group = context.get("fsGroup")
         for claim in work["spec"].pop("volumeClaimTemplates", []):
             claim_dir = volumes_dir / claim["metadata"]["name"]
             claim_dir.mkdir(parents=True, exist_ok=True)

@@ -184,15 +184,7 @@ class ProxyProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def admin_get(self, path: str) -> tuple[int, str]:
-        request = urllib.request.Request(f"{self.admin_url}{path}")
-        token = self.admin_token
-        if token:
-            request.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(request, timeout=5) as resp:
-                return resp.status, resp.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
+        return admin_get(f"{self.admin_url}{path}", self.admin_token)
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
         """Sum of a metric's samples whose labels include ``labels`` (0 when absent)."""
@@ -218,3 +210,15 @@ class ProxyProcess:
         self.stop()
         if self._tmp is not None:
             self._tmp.cleanup()
+
+
+def admin_get(url: str, token: str | None) -> tuple[int, str]:
+    """GET an admin endpoint of a proxy (the bearer token sent when given): (status, body)."""
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()

@@ -24,6 +24,7 @@ import yaml
 from dev.harness import KafkaCluster
 from dev.proxy_process import gateway_config
 from dev.waiting import wait_until
+from tests.integration.clients import produce_until
 from tests.tools import unavailable
 
 REPO = Path(__file__).resolve().parents[2]
@@ -205,14 +206,7 @@ def test_image_runs_read_only_non_root_and_drains_on_sigterm(
     stop = threading.Event()
     sent.clear()
 
-    def keep_producing() -> None:
-        i = 0
-        while not stop.is_set():
-            producer.produce(topic, f"late{i}".encode(), on_delivery=delivered)
-            producer.poll(0.001)
-            i += 1
-
-    worker = threading.Thread(target=keep_producing)
+    worker = threading.Thread(target=produce_until, args=(stop, producer, topic, delivered))
     worker.start()
     wait_until(lambda: len(sent) > 500, 30, "the producer made no progress")
     subprocess.run([engine, "kill", "--signal", "TERM", name], check=True, capture_output=True)

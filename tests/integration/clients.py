@@ -256,3 +256,14 @@ def close_kafka_python_producer(producer: Any, timeout: float = 5) -> None:
         producer._sender.force_close()
         producer._sender.join(timeout)
         producer._closed = True
+
+
+def produce_until(stop: Any, producer: Any, topic: str, on_delivery: Callable[[Any, Any], None]) -> None:
+    """librdkafka ``producer`` sending numbered records ("late0", "late1", ...) to ``topic`` as
+    fast as it can until ``stop`` (a threading.Event) is set: a producer with requests always in
+    flight, for the drain tests."""
+    i = 0
+    while not stop.is_set():
+        producer.produce(topic, f"late{i}".encode(), on_delivery=on_delivery)
+        producer.poll(0.001)
+        i += 1

@@ -18,8 +18,6 @@ import secrets
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,8 +26,10 @@ import pytest
 
 from dev import kube_play
 from dev.harness import KafkaCluster, free_port
+from dev.proxy_process import admin_get
 from dev.waiting import wait_until
 from tests.image.test_image import TAG
+from tests.integration.clients import produce_until
 from tests.tools import unavailable
 
 pytestmark = pytest.mark.timeout(900)
@@ -65,13 +65,9 @@ def _values(broker: KafkaCluster, ports: dict[str, int], quotas: dict[str, Any])
 
 
 def _admin(port: int, path: str, token: str) -> tuple[int, str]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
-    request.add_header("Authorization", f"Bearer {token}")
+    """An admin GET of the pod's proxy; (0, the error) while nothing answers on the port."""
     try:
-        with urllib.request.urlopen(request, timeout=5) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+        return admin_get(f"http://127.0.0.1:{port}{path}", token)
     except OSError as exc:
         return 0, repr(exc)
 
@@ -182,14 +178,7 @@ def test_the_gateway_runs_on_podman(
             acked.clear()
             stop = threading.Event()
 
-            def keep_producing() -> None:
-                i = 0
-                while not stop.is_set():
-                    producer.produce(topic, f"late{i}".encode(), on_delivery=delivered)
-                    producer.poll(0.001)
-                    i += 1
-
-            worker = threading.Thread(target=keep_producing)
+            worker = threading.Thread(target=produce_until, args=(stop, producer, topic, delivered))
             worker.start()
             wait_until(lambda: len(acked) > 500, 30, "the producer made no progress")
             grace = int(deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"])
