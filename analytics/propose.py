@@ -47,7 +47,7 @@ import pandas as pd
 import yaml
 
 from analytics.stats import FETCH, PRODUCE, Stats
-from quota.config import QuotaConfig, WindowConfig
+from quota.config import CONFIG_VERSION, QuotaConfig, WindowConfig
 from quota.entities import resolve
 from quota.keys import (
     ANONYMOUS,
@@ -655,7 +655,12 @@ def propose(stats: Stats, opts: ProposeOptions | None = None, source: str = "") 
     _producer_ids(b, stats, opts)
     quotas = _ordered(b.quotas)
     cfg = QuotaConfig.model_validate(quotas)
-    body = yaml.safe_dump({"quotas": quotas}, sort_keys=False, default_flow_style=None, width=110)
+    body = yaml.safe_dump(
+        {"config_version": CONFIG_VERSION, "quotas": quotas},
+        sort_keys=False,
+        default_flow_style=None,
+        width=110,
+    )
     text = _header(stats, opts, defaults, source, b.rows) + body
     table = pd.DataFrame(b.rows, columns=TABLE_COLUMNS)
     for column in ("requests", "seconds", "entities"):  # counts, blank where not counted (not 240.0)

@@ -20,7 +20,7 @@ from pydantic import (
 from pydantic_core.core_schema import ValidationInfo
 
 from protocol.frames import DEFAULT_MAX_FRAME_BYTES
-from quota.config import CONFIG_FILE, QuotaConfig
+from quota.config import CONFIG_FILE, CONFIG_VERSION, QuotaConfig
 from quota.principal_mapping import DEFAULT_RULES, PrincipalMapper
 from quota.volume_config import VolumeConfig
 
@@ -555,6 +555,10 @@ class ProxyProtocolConfig(Strict):
 class ProxyConfig(Strict):
     """The whole config file (``kthrottle.yaml``)."""
 
+    config_version: int = Field(CONFIG_VERSION, ge=1, le=CONFIG_VERSION)
+    """The format of this file. Without it a file is read as version 1 (the format before the key
+    existed); a file of a newer format than this release reads is refused by name, never read as
+    something else. The chart and ``kthrottle tune`` write it."""
     mode: Literal["gateway", "sidecar"] = "gateway"
     """gateway: in front of the whole cluster (needs the gateway section); sidecar: in front of one
     broker (needs the sidecar section)."""
@@ -732,6 +736,8 @@ def parse_config(text: str, source: str = "<config>") -> ProxyConfig:
 class _QuotasFile(Strict):
     """A quotas file (``quotas_file``): the quota section alone."""
 
+    config_version: int = Field(CONFIG_VERSION, ge=1, le=CONFIG_VERSION)
+    """The format of this file, as in the main config file."""
     quotas: QuotaConfig
     """The quotas, with the same keys as the main file's quotas section."""
 
@@ -749,6 +755,7 @@ def _validated(model: type[M], text: str, source: str) -> M:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}:1: the config must be a mapping of settings")
+    _check_version(data, root, source)
     try:
         return model.model_validate(data, context={CONFIG_FILE: True})
     except ValidationError as exc:
@@ -764,6 +771,19 @@ def _validated(model: type[M], text: str, source: str) -> M:
             field = ".".join(str(p) for p in loc) or "(top level)"
             lines.append(f"{source}:{line if line is not None else '?'}: {field}: {err['msg']}")
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from exc
+
+
+def _check_version(data: dict[str, Any], root: yaml.Node | None, source: str) -> None:
+    """A file of a newer format is refused as such first: its other keys would only read as
+    unknown settings, which says nothing about what to do."""
+    version = data.get("config_version")
+    if isinstance(version, int) and not isinstance(version, bool) and version > CONFIG_VERSION:
+        line = _line_of(root, ("config_version",))
+        raise ConfigError(
+            f"{source}:{line}: config_version: {version} is a newer format than this release reads "
+            f"(1 to {CONFIG_VERSION}); run the release that wrote it, or write it as version "
+            f"{CONFIG_VERSION} (docs/operations.md, Upgrades)"
+        )
 
 
 def _read(path: Path) -> str:

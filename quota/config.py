@@ -52,6 +52,11 @@ Rate = float
 # overlay and the tuning job's proposals carry names as Kafka has them, which need not be so.
 CONFIG_FILE = "config_file"
 
+# The format of the config and quotas files this release writes (``config_version:`` at their
+# top) and the newest it reads. A file without the key is version 1, the format before the key
+# existed; a newer version is refused by name rather than read as something it is not.
+CONFIG_VERSION = 1
+
 
 def _in_file(info: ValidationInfo) -> bool:
     return bool(info.context and info.context.get(CONFIG_FILE))

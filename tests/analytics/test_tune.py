@@ -20,7 +20,7 @@ from analytics.session import InputError, check_local, check_remote, local_files
 from analytics.stats import Stats
 from analytics.tune import MARKER, main
 from quota.capture_schema import CAPTURE_VERSION_KEY, arrow_schema
-from quota.config import QuotaConfig
+from quota.config import CONFIG_VERSION, QuotaConfig
 from quota.entities import resolve
 from quota.keys import (
     CONSUMER_BYTE_RATE,
@@ -88,6 +88,7 @@ def test_the_proxy_loads_the_proposal(report: Path, cfg: QuotaConfig, tmp_path: 
     main_cfg = tmp_path / "kthrottle.yaml"
     main_cfg.write_text("gateway: {upstream_bootstrap: ['127.0.0.1:9092']}\nquotas_file: quotas.yaml\n")
     assert load_config(main_cfg).quotas == cfg
+    assert yaml.safe_load((report / "quotas.yaml").read_text())["config_version"] == CONFIG_VERSION
 
 
 def test_heavy_outliers_get_overrides(

@@ -251,9 +251,20 @@ def test_default_values_render_a_config_todays_proxy_accepts(
     config, quotas, data = proxy_config(rendered["default"])
     assert not {"tls", "upstream_tls", "quota_api", "upstream_sasl"} & set(config)
     assert "sni" not in config["gateway"] and "token_file" not in config["admin"]
-    assert quotas == {"quotas": {}}
+    assert quotas["quotas"] == {}
     result = check_config(data, tmp_path)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_config_files_carry_the_format_this_release_reads(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """The chart writes config_version, so a later release reads its files by their version."""
+    from quota.config import CONFIG_VERSION
+
+    for name, docs in rendered.items():
+        config, quotas, _ = proxy_config(docs)
+        assert config["config_version"] == quotas["config_version"] == CONFIG_VERSION, name
 
 
 def test_admin_listens_on_all_addresses_for_probes_and_scrapes(

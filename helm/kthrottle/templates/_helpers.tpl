@@ -144,6 +144,8 @@ app.kubernetes.io/component: kafka-broker
 {{- fail "put quotas under .Values.quotas (rendered as quotas.yaml), not under .Values.config" -}}
 {{- end -}}
 {{- $c := deepCopy ($v.config | default dict) -}}
+{{- /* The config format this chart's release writes (quota/config.py CONFIG_VERSION). */ -}}
+{{- $_ := set $c "config_version" 1 -}}
 {{- $_ := set $c "mode" $v.mode -}}
 {{- $_ := set $c "bind_host" "0.0.0.0" -}}
 {{- /* 0.0.0.0, not the proxy's default 127.0.0.1: kubelet probes and Prometheus come in on the pod IP. */ -}}
@@ -266,7 +268,7 @@ app.kubernetes.io/component: kafka-broker
 {{- end -}}
 
 {{- define "kthrottle.quotas" -}}
-{{- toYaml (dict "quotas" (.Values.quotas | default dict)) -}}
+{{- toYaml (dict "config_version" 1 "quotas" (.Values.quotas | default dict)) -}}
 {{- end -}}
 
 {{/* Pod parts shared by the gateway Deployment and the sidecar ------------------------------ */}}
