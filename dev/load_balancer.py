@@ -361,6 +361,7 @@ class GatewayReplicas:
         send_proxy: SendProxy = None,
         lb_source: str | None = None,
         workdir: Path | None = None,
+        source: Path = REPO,
         **overrides: Any,
     ) -> None:
         if replicas < 1:
@@ -395,7 +396,7 @@ class GatewayReplicas:
                 cfg = per_replica(i, cfg)
             elif per_replica is not None and i < len(per_replica):
                 cfg = _merged(cfg, per_replica[i])
-            self.replicas.append(ProxyProcess(cfg, workdir=self.workdir / f"replica-{i}"))
+            self.replicas.append(ProxyProcess(cfg, workdir=self.workdir / f"replica-{i}", source=source))
 
         def servers(port: int, first: int) -> list[Server]:
             """The replicas in round-robin order from ``first``: each frontend has its own
@@ -450,6 +451,18 @@ class GatewayReplicas:
     def restart(self, index: int, timeout: float = 60.0) -> ProxyProcess:
         """Start replica ``index`` again (after ``kill`` or ``stop``), same config and ports."""
         return self.replicas[index].start(timeout)
+
+    def replace(
+        self, index: int, source: Path, change: dict[str, Any] | None = None, timeout: float = 60.0
+    ) -> ProxyProcess:
+        """Roll replica ``index`` as a Deployment rolls a pod: SIGTERM (it drains), then start it
+        from the source tree ``source`` (another release's) with ``change`` merged into its config;
+        same address and ports."""
+        replica = self.replicas[index]
+        replica.stop()
+        replica.source = source
+        replica.config = _merged(replica.config, change or {})
+        return replica.start(timeout)
 
     def pin(self, index: int) -> None:
         """All new connections go to replica ``index``; ``unpin`` spreads them again."""

@@ -64,7 +64,11 @@ class ProxyProcess:
     """``kthrottle run`` in a subprocess; ready once it has written its bound ports."""
 
     def __init__(
-        self, config: dict[str, Any], workdir: Path | None = None, python: str = sys.executable
+        self,
+        config: dict[str, Any],
+        workdir: Path | None = None,
+        python: str = sys.executable,
+        source: Path = REPO,
     ) -> None:
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="kthrottle-proxy-")
         self.workdir = workdir or Path(self._tmp.name)  # type: ignore[union-attr]
@@ -74,6 +78,7 @@ class ProxyProcess:
         self.ready_path = self.workdir / "ready.json"
         self.log_path = self.workdir / "kthrottle.log"
         self.python = python
+        self.source = source  # the source tree run (another release's, in an upgrade test)
         self.proc: subprocess.Popen[bytes] | None = None
         self.ports: dict[str, int] = {}
         self.admin_port: int | None = None
@@ -105,7 +110,9 @@ class ProxyProcess:
         self.config_path.write_text(yaml.safe_dump(self.config))
         self.ready_path.unlink(missing_ok=True)
         env = dict(os.environ)
-        env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
+        # Only this source tree's modules: another release must not pick up this one's.
+        others = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != REPO]
+        env["PYTHONPATH"] = os.pathsep.join([str(self.source), *others])
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [
@@ -121,7 +128,7 @@ class ProxyProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
-                cwd=REPO,
+                cwd=self.source,
             )
         deadline = time.monotonic() + timeout
         while not self.ready_path.exists():
