@@ -35,6 +35,8 @@ Prints one JSON line last:
   messages_produced / messages_consumed / produced_equals_consumed / duplicates / missing
   redelivered                     by group: places read again (after the restart, the rebalances)
   longest_silence_s               by group: the longest it went without a new message
+  longest_pending_request_s       by api: the longest a request waited in the proxy for its
+                                  answer, seen at the 10 s samples (throttles included)
   faults                          what was done when; upstream_errors_from_the_restart: the
                                   proxy's upstream errors while the broker was down
   rss_start_mib / rss_end_mib / rss_growth_pct    target: growth under 10%
@@ -611,6 +613,10 @@ def run(minutes: float, warmup: float, faults: bool = False, log_dir: str | None
             pending = [(began + f * minutes * 60, what) for f, what in planned] if faults else []
             last_moved = {group: (began, 0) for group in groups}
             silences = {group: 0.0 for group in groups}
+            # The longest any request waited in the proxy for its answer, by api, at the samples:
+            # a quiet group with a request long unanswered here points at the proxy or the broker;
+            # with none, at the client.
+            pending_max: dict[str, float] = collections.defaultdict(float)
             while time.monotonic() < deadline:
                 time.sleep(min(10.0, max(0.0, deadline - time.monotonic())))
                 now = time.monotonic()
@@ -628,6 +634,8 @@ def run(minutes: float, warmup: float, faults: bool = False, log_dir: str | None
                     else:
                         stop_member.set()
                 at = now - began
+                for api, age in scrape(proxy, "kthrottle_oldest_pending_request_seconds", "api").items():
+                    pending_max[api] = max(pending_max[api], age)
                 sample = (rss_bytes(pid), open_fds(pid))
                 trace.append((at, *sample))
                 if start_sample is None and at >= warmup:
@@ -703,6 +711,7 @@ def run(minutes: float, warmup: float, faults: bool = False, log_dir: str | None
         "upstream_errors_from_the_restart": broken_by_restart,
         "faults": events,
         "longest_silence_s": {g: round(v, 1) for g, v in silences.items()},
+        "longest_pending_request_s": {api: round(v, 1) for api, v in sorted(pending_max.items())},
     }
 
 

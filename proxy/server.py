@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
 
 from proxy.admin.quota_metrics import QuotaCollector
 from proxy.capture.writer import CaptureWriter, instance_name
@@ -16,6 +17,7 @@ from proxy.net.proxy_protocol import HeaderProtocol, Origin, ProxyProtocolGate
 from proxy.net.tls import ListenerTlsContext, upstream_context
 from proxy.net.transports import ClientProtocol
 from proxy.net.upstream_client import PlainCredentials, UpstreamLogin, fetch_brokers
+from proxy.pending_requests import PendingRequestsCollector, warn_stalled
 from proxy.pipeline.connection import Pipeline
 from proxy.pipeline.host import Listener
 from proxy.pipeline.stages import proxy_stages
@@ -40,6 +42,14 @@ def cluster_wanted(cfg: ProxyConfig) -> bool:
 
 handshake_log = RateLimitedLog(log)
 EXPIRY_SWEEP_SECONDS = 5.0  # how often idle quota state is looked for without traffic
+
+
+def _loop_time() -> float:
+    """The event loop's clock (requests are stamped with it); the same monotonic clock outside one."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
 
 
 class ProxyServer:
@@ -81,6 +91,9 @@ class ProxyServer:
         self.stages = proxy_stages(self)
         self.listeners: dict[str, Listener] = {}
         self.pipelines: set[Pipeline] = set()
+        self.metrics.registry.register(
+            PendingRequestsCollector(lambda: self.pipelines, _loop_time)
+        )
         self.draining = False
         self.upstream_ready = False
         self._refresh_task: asyncio.Task[None] | None = None
@@ -234,6 +247,10 @@ class ProxyServer:
                 self.enforcer.expire_idle()
             except Exception:  # never let the sweep die: memory would grow unbounded
                 log.exception("quota state expiry failed")
+            try:
+                warn_stalled(self.pipelines, asyncio.get_running_loop().time())
+            except Exception:
+                log.exception("stalled request sweep failed")
 
     async def _frame_deadline_loop(self, timeout: float) -> None:
         """Close connections whose request frame has been arriving for longer than ``timeout``

@@ -59,7 +59,7 @@ def report(
 @pytest.fixture(scope="module")
 def cfg(report: Path) -> QuotaConfig:
     doc = yaml.safe_load((report / "quotas.yaml").read_text())
-    assert list(doc) == ["quotas"]
+    assert list(doc) == ["config_version", "quotas"]
     return QuotaConfig.model_validate(doc["quotas"])
 
 

@@ -62,6 +62,10 @@ def test_soak_loses_nothing_and_does_not_creep(tmp_path: Path) -> None:
         > 0
     )
     assert figures["admin_topics_created"] == figures["admin_topics_deleted"] > 0
+    # No request waited in the proxy longer than a throttle and a fetch's wait (a group's
+    # JoinGroup and SyncGroup wait for its members, and are left out).
+    waits = {api: s for api, s in figures["longest_pending_request_s"].items() if "Group" not in api}
+    assert all(s < 30 for s in waits.values()), waits
     # The proxy does not creep: memory within 10% of where it stood after the warm-up, and
     # every connection's descriptors given back once the clients have gone.
     assert figures["rss_growth_pct"] < 10, figures["rss_mib_every_minute"]
