@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,47 +120,98 @@ def produced(gw: GatewayReplicas, index: int) -> float:
     return gw.metric(index, "kthrottle_request_bytes_total", {"api": "Produce"})
 
 
-def test_one_client_spread_over_three_replicas_is_held_to_one_quota(
-    kafka_cluster3: KafkaCluster, gateway: GatewayReplicas
-) -> None:
-    """A producer greedy for three times its quota, its connections on all three replicas: the
-    three let through the one quota together. Beside it, a client whose quota says
-    ``scope: instance`` gets it from each replica (Kafka's per-broker semantics)."""
-    topic = topic_over_three_brokers(kafka_cluster3, "gw-spread")
+@dataclass
+class SpreadRuns:
+    """The spread producer (beside a client whose quota is per replica) and the spread consumer,
+    run side by side over the same span; each test judges its own client."""
+
+    start: float
+    produced: dict[str, list[tuple[float, int]]]  # client id -> (time, bytes) acknowledged
+    carried: list[float]  # Produce bytes each replica carried
+    views: list[Any]  # /quotas/entity of the spread producer on each replica, while it produced
+    fetch_marks: list[tuple[float, int]]  # (seconds from start, bytes consumed so far)
+    fetched: list[float]  # Fetch bytes each replica returned
+
+
+def _consume_spread(bootstrap: str, topic: str, seconds: float) -> list[tuple[float, int]]:
+    """A greedy librdkafka consumer ``spread-f`` reading ``topic`` for ``seconds``."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"g-{topic}",
+            "client.id": "spread-f",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.subscribe([topic])
+    got, marks, start = 0, [], time.monotonic()
+    while time.monotonic() - start < seconds:
+        for msg in consumer.consume(num_messages=1000, timeout=0.2):
+            if msg.error() is None:
+                got += len(msg.value() or b"")
+        marks.append((time.monotonic() - start, got))
+    consumer.close()
+    return marks
+
+
+@pytest.fixture(scope="module")
+def spread_runs(kafka_cluster3: KafkaCluster, gateway: GatewayReplicas) -> SpreadRuns:
+    """A producer greedy for three times its quota and a greedy consumer, each with its
+    connections on all three replicas, side by side; 2 s after the spread producer, a producer
+    whose quota says ``scope: instance``."""
+    produce_topic = topic_over_three_brokers(kafka_cluster3, "gw-spread")
+    fetch_topic = topic_over_three_brokers(kafka_cluster3, "gw-fetch")
+    _fill(kafka_cluster3, fetch_topic, 100)  # three bursts and 30 s of the quota, with room: never runs dry
     before = [produced(gateway, i) for i in range(3)]
+    result: dict[str, Any] = {}
     start = time.monotonic()
-    result: dict[str, list[tuple[float, int]]] = {}
-    alone = threading.Thread(
-        target=lambda: result.setdefault("alone", produce(gateway.bootstrap, topic, "alone-p", 2 * QUOTA, 22))
-    )
-    spread_thread = threading.Thread(
-        target=lambda: result.setdefault(
-            "spread", produce(gateway.bootstrap, topic, "spread-p", 3 * QUOTA, 22)
-        )
-    )
-    spread_thread.start()
+
+    def run(name: str, work: Any) -> threading.Thread:
+        thread = threading.Thread(target=lambda: result.setdefault(name, work()))
+        thread.start()
+        return thread
+
+    threads = [
+        run("spread", lambda: produce(gateway.bootstrap, produce_topic, "spread-p", 3 * QUOTA, 22)),
+        run("fetch", lambda: _consume_spread(gateway.bootstrap, fetch_topic, 30)),
+    ]
     # Once the spread client has its connections (one to each port, each port's round robin at
     # a different replica), the other's go where the round robins are then.
     time.sleep(2)
-    alone.start()
+    threads.append(run("alone", lambda: produce(gateway.bootstrap, produce_topic, "alone-p", 2 * QUOTA, 22)))
     time.sleep(max(0.0, start + 20 - time.monotonic()))
     # Read while the client produces (its rates fade once it stops).
     views = [
         json.loads(r.admin_get("/quotas/entity?client_id=spread-p")[1])["producer_byte_rate"]
         for r in gateway.replicas
     ]
-    spread_thread.join(60)
-    alone.join(60)
-    spread = result["spread"]
-    carried = [produced(gateway, i) - before[i] for i in range(3)]
-    assert all(part > 0 for part in carried), carried  # every replica carried some of it
-    rate = rate_between(spread, start + 8, start + 22)
-    assert rate == pytest.approx(QUOTA, rel=0.05), (rate / QUOTA, views)
+    for thread in threads:
+        thread.join(90)
+    return SpreadRuns(
+        start,
+        {"spread-p": result["spread"], "alone-p": result["alone"]},
+        [produced(gateway, i) - before[i] for i in range(3)],
+        views,
+        result["fetch"],
+        [gateway.metric(i, "kthrottle_response_bytes_total", {"api": "Fetch"}) for i in range(3)],
+    )
+
+
+def test_one_client_spread_over_three_replicas_is_held_to_one_quota(spread_runs: SpreadRuns) -> None:
+    """A producer greedy for three times its quota, its connections on all three replicas: the
+    three let through the one quota together. Beside it, a client whose quota says
+    ``scope: instance`` gets it from each replica (Kafka's per-broker semantics)."""
+    runs, start = spread_runs, spread_runs.start
+    assert all(part > 0 for part in runs.carried), runs.carried  # every replica carried some of it
+    rate = rate_between(runs.produced["spread-p"], start + 8, start + 22)
+    assert rate == pytest.approx(QUOTA, rel=0.05), (rate / QUOTA, runs.views)
     # Each replica shows its own share and the cluster's total (the exchange's view).
-    for view in views:
+    for view in runs.views:
         assert view["cluster"]["shared"] is True
-        assert view["cluster"]["this_replica_rate"] < view["cluster"]["cluster_rate"], views
-    alone_rate = rate_between(result["alone"], start + 8, start + 22)
+        assert view["cluster"]["this_replica_rate"] < view["cluster"]["cluster_rate"], runs.views
+    alone_rate = rate_between(runs.produced["alone-p"], start + 8, start + 22)
     assert alone_rate > 1.5 * QUOTA, alone_rate / QUOTA  # one quota per replica, as asked
 
 
@@ -179,30 +231,9 @@ def _fill(cluster: KafkaCluster, topic: str, mebibytes: int) -> None:
     assert producer.flush(60) == 0
 
 
-def test_one_consumer_spread_over_three_replicas_is_held_to_one_quota(
-    kafka_cluster3: KafkaCluster, gateway: GatewayReplicas
-) -> None:
+def test_one_consumer_spread_over_three_replicas_is_held_to_one_quota(spread_runs: SpreadRuns) -> None:
     """A greedy librdkafka consumer fetching from the three brokers through three replicas."""
-    from confluent_kafka import Consumer
-
-    topic = topic_over_three_brokers(kafka_cluster3, "gw-fetch")
-    _fill(kafka_cluster3, topic, 100)  # three bursts and 30 s of the quota, with room: never runs dry
-    consumer = Consumer(
-        {
-            "bootstrap.servers": gateway.bootstrap,
-            "group.id": f"g-{topic}",
-            "client.id": "spread-f",
-            "auto.offset.reset": "earliest",
-        }
-    )
-    consumer.subscribe([topic])
-    got, marks, start = 0, [], time.monotonic()
-    while time.monotonic() - start < 30:
-        for msg in consumer.consume(num_messages=1000, timeout=0.2):
-            if msg.error() is None:
-                got += len(msg.value() or b"")
-        marks.append((time.monotonic() - start, got))
-    consumer.close()
+    marks = spread_runs.fetch_marks
     # The last 10 s of 30: the first fetches reach the three replicas at once, and before their
     # reports cross they can give out up to about three bursts (docs/quotas.md, "One quota across gateway
     # replicas"), paid back by throttling until 10-13 s in on a loaded machine (CI: 29 MiB at once).
@@ -215,9 +246,8 @@ def test_one_consumer_spread_over_three_replicas_is_held_to_one_quota(
     # pay-back: over 10 s the rate read varies from 0.83 to 1.07 of the quota from run to run.
     # Held to one quota for the three replicas, not three (the 5% figure is bench/cluster_quota.py's,
     # over 30 s): never more than 10% over, and served.
-    assert 0.8 * QUOTA <= rate <= 1.1 * QUOTA, (rate / QUOTA, got / MiB, per_second)
-    fetched = [gateway.metric(i, "kthrottle_response_bytes_total", {"api": "Fetch"}) for i in range(3)]
-    assert sum(1 for f in fetched if f > 0) >= 2, fetched
+    assert 0.8 * QUOTA <= rate <= 1.1 * QUOTA, (rate / QUOTA, marks[-1][1] / MiB, per_second)
+    assert sum(1 for f in spread_runs.fetched if f > 0) >= 2, spread_runs.fetched
 
 
 def _steps(bootstrap: str, client_id: str, *args: str) -> list[tuple[str, int, int]]:
