@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from analytics.generate import GeneratedTruth, generate
+from tests.tools import unavailable
 
 # Records and span of the shared capture set: enough seconds per entity for stable p99s, small
 # enough that the whole job runs in well under a minute on two cores.
@@ -20,7 +22,8 @@ SPAN_S = 600
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local[2] session for all analytics tests (the job reuses the active session)."""
-    pytest.importorskip("pyspark", reason="the analytics extra (pyspark) is not installed")
+    if importlib.util.find_spec("pyspark") is None:
+        unavailable("the analytics extra (pyspark) is not installed")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from analytics.session import build_session
 

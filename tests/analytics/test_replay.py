@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from quota.manager import ByteRateQuotas, PartitionUsage
 from quota.mutations import MutationQuotas
 from quota.producer_ids import ProducerIdQuotas
 from quota.rate import QuotaWindow
+from tests.tools import unavailable
 
 T0 = 1_700_000_000_000
 STRICT = {19: 6, 37: 3, 20: 5}
@@ -372,7 +374,8 @@ def replay_spark(request: pytest.FixtureRequest) -> Iterator[Any]:
         return
     except pytest.FixtureLookupError:
         pass
-    pytest.importorskip("pyspark")
+    if importlib.util.find_spec("pyspark") is None:
+        unavailable("the analytics extra (pyspark) is not installed")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 

@@ -22,6 +22,7 @@ from dev.harness import KafkaCluster
 from dev.proc import open_fds, rss_bytes
 from dev.proxy_process import ProxyProcess, gateway_config
 from tests.integration.clients import assert_same_messages, kafka_python_roundtrip, messages
+from tests.tools import unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -124,7 +125,7 @@ def test_five_thousand_idle_connections(kafka_broker: KafkaCluster, tmp_path: Pa
     count = 5000
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < count + 1000:
-        pytest.skip(f"open-files hard limit {hard} is below {count + 1000}")
+        unavailable(f"open-files hard limit {hard} is below {count + 1000}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the proxy inherits it
     try:
         with ProxyProcess(gateway_config(kafka_broker), workdir=tmp_path) as proxy:

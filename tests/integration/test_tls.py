@@ -26,6 +26,7 @@ from dev.harness import BrokerTls, KafkaCluster
 from dev.proxy_process import ProxyProcess, gateway_config
 from dev.workloads import steady_producer
 from tests.integration.test_quotas import OffsetSampler, steady_rate
+from tests.tools import unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -281,9 +282,6 @@ print(json.dumps({"acked": acked, "brokers": sorted(str(b) for b in brokers)}))
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.skipif(
-    not _can_remap_hosts(), reason="needs root and unshare to give the client its own /etc/hosts"
-)
 def test_sni_routes_each_broker_name_through_one_port(
     kafka_cluster3: KafkaCluster, pki: Pki, tmp_path: Path
 ) -> None:
@@ -291,6 +289,8 @@ def test_sni_routes_each_broker_name_through_one_port(
     (here the client's own /etc/hosts) sends every name to the proxy, and the server name in each
     handshake picks the broker. A produce to a partition only succeeds at its leader, so messages
     acknowledged on partitions led by three brokers show each name reached its own broker."""
+    if not _can_remap_hosts():
+        unavailable("needs root and unshare to give the client its own /etc/hosts")
     topic = f"sni-{uuid.uuid4().hex[:6]}"
     kafka_cluster3.create_topic(topic, partitions=3, replication=1)
     cfg = gateway_config(kafka_cluster3)

@@ -16,6 +16,7 @@ import pytest
 
 from fuzz.pipeline_target import shared_fuzzer
 from fuzz.targets import request_target, response_target
+from tests.tools import unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "fuzz" / "corpus"
@@ -36,9 +37,10 @@ def test_corpus_replays_clean(target: str) -> None:
             raise AssertionError(f"seed {path} fails: {exc!r}") from exc
 
 
-@pytest.mark.skipif(importlib.util.find_spec("atheris") is None, reason="atheris not installed")
 @pytest.mark.parametrize("target", sorted(RUNS))
 def test_bounded_fuzz(target: str, tmp_path: Path) -> None:
+    if importlib.util.find_spec("atheris") is None:
+        unavailable("atheris not installed")
     artifacts = tmp_path / "artifacts"
     proc = subprocess.run(
         [

@@ -26,3 +26,16 @@ def test_a_missing_tool_skips_by_hand_and_fails_under_the_test_command(
 
 def test_the_readme_test_command_requires_the_tools() -> None:
     assert "export KTHROTTLE_REQUIRE_TOOLS=1" in (ROOT / "dev" / "test.sh").read_text()
+
+
+def test_no_test_skips_by_itself() -> None:
+    """Every skip goes through tests.tools.unavailable, so none can pass silently under CI."""
+    own = Path(__file__).resolve()
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        if path.resolve() not in (own, ROOT / "tests" / "tools.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "pytest.skip(" in line or "mark.skipif" in line or "importorskip" in line
+    ]
+    assert not found, f"skips outside tests.tools.unavailable: {found}"
