@@ -120,6 +120,7 @@ proxy_protocol:               # off unless listeners are named
 quotas:
   window: {num: 11, size_seconds: 1}   # quota.window.num / quota.window.size.seconds
   produce_shaping: steady              # or kafka
+  max_throttle_ms: 5000                # no byte-rate throttle longer; the rest stays owed
   users:
     alice:
       producer_byte_rate: 1048576      # /config/users/alice

@@ -73,6 +73,14 @@ class ProxyMetrics:
         self.throttle_seconds = Counter(
             "kthrottle_throttle_seconds", "Throttle time decided by the proxy, by api", ["api"], registry=r
         )
+        self.bounded_throttles = Counter(
+            "kthrottle_bounded_throttles",
+            "Throttles quotas.max_throttle_ms cut short (the rest stays owed), by api and outcome "
+            "(bounded: answered with the bound; refused: a fetch made while its entity owed, "
+            "answered empty)",
+            ["api", "outcome"],
+            registry=r,
+        )
         self.quota_throttles = Counter(
             "kthrottle_quota_throttles",
             "Requests throttled by producer_ids_rate or request_percentage, by api, quota and mode",

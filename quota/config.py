@@ -8,6 +8,7 @@ Shape (YAML)::
       produce_shaping: steady                  # or kafka (QuotaConfig.produce_shaping)
       fetch_shaping: steady                    # or kafka (QuotaConfig.fetch_shaping)
       hold_across_connections: true            # QuotaConfig.hold_across_connections
+      max_throttle_ms: 1000                    # no throttle longer (QuotaConfig.max_throttle_ms)
       users:
         alice:                                 # /config/users/alice
           producer_byte_rate: 1048576
@@ -40,7 +41,15 @@ from __future__ import annotations
 import ipaddress
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from quota.keys import DEFAULT, PRODUCER_IDS_RATE, TOPIC_CONSUMER_BYTE_RATE, TOPIC_PRODUCER_BYTE_RATE
 from quota.rate import QuotaWindow
@@ -247,6 +256,29 @@ class QuotaConfig(_Strict):
     """An entity throttled on one connection has its other connections' next Produce/Fetch held
     until the throttle has passed (one quota across connections and brokers, at every moment
     rather than on average)."""
+    max_throttle_ms: int | None = Field(None, ge=1, le=3_600_000)
+    """No byte-rate throttle (producer_byte_rate, consumer_byte_rate, topic rates) and no
+    mutation throttle of a strict version (KIP-599) is longer than this, so a burst cannot hold a
+    client past its request timeout or a consumer past its poll interval; null: unbounded, as
+    Kafka's byte-rate quotas are. What the bound leaves unpaid stays owed in the entity's token
+    bucket and is throttled in its next requests, so over time the quota holds: a fetch made
+    while its entity owes is answered empty (its bytes not charged), as Kafka answers a
+    throttled fetch. A producer's requests are written once read, so one whose requests in flight
+    (connections x in-flight requests x batch size) hold more than quota x bound gets more than
+    its quota: keep the bound above that. Producer-id waits are not bounded (a shorter wait
+    would let new ids through). Needs steady shaping (a kafka-shaped window forgets what it is
+    owed)."""
+
+    @field_validator("max_throttle_ms")
+    @classmethod
+    def _bound_needs_steady(cls, value: int | None, info: ValidationInfo) -> int | None:
+        kafka = [k for k in ("produce_shaping", "fetch_shaping") if info.data.get(k) == "kafka"]
+        if value is not None and kafka:
+            raise ValueError(
+                f"a bound needs steady shaping ({' and '.join(kafka)} is kafka): what it leaves unpaid is "
+                "carried in the token bucket, and a kafka-shaped window forgets it"
+            )
+        return value
     users: dict[UserKey, UserQuotas] = Field(default_factory=dict)
     """Quotas by user (the SASL or TLS principal; ANONYMOUS without either), <default> for every
     other user: /config/users/<user>. Keys are the principal's name without its type (alice, not

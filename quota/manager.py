@@ -58,6 +58,16 @@ class Decision:
     shaped: bool = False
     # The partition throttles came from steady shaping too (a token bucket per partition).
     partitions_shaped: bool = False
+    # The throttle before ``quotas.max_throttle_ms`` bounded it (equal to throttle_ms when not).
+    unbounded_ms: int = 0
+    # Bounded: what the entity's bucket owed before this request, in ms of its quota. A fetch
+    # made while it owed is answered empty, so the bound cannot let its bytes through.
+    owed_ms: int = 0
+
+    @property
+    def bounded(self) -> bool:
+        """The bound cut this decision's throttle short (the rest stays owed)."""
+        return self.unbounded_ms > self.throttle_ms
 
     @property
     def throttled(self) -> bool:
@@ -241,8 +251,17 @@ class ByteRateQuotas:
             client_ms = throttle_time_ms(measured, quota, rate.window_ms(now_ms))
             if shared and client_ms:
                 self.shared_buckets.throttled(bucket, now_ms, client_ms, capped=False)
+        part_ms, worst, part_owed_ms = self._record_partitions(partitions, now_ms)
+        unbounded = max(client_ms, part_ms)
+        owed_ms = 0
+        bound = self.cfg.max_throttle_ms
+        if bound is not None and unbounded > bound:
+            # The rest stays owed in the buckets, throttled in the entity's next requests.
+            owed_ms = part_owed_ms
+            if quota > 0:
+                owed_ms = max(owed_ms, client_ms - java_round(size / quota * 1000.0))
+            client_ms, part_ms = min(client_ms, bound), min(part_ms, bound)
         rate.throttled_ms += client_ms
-        part_ms, worst = self.record_partitions(partitions, now_ms)
         self.maybe_expire(now_ms)
         return Decision(
             max(client_ms, part_ms),
@@ -254,6 +273,8 @@ class ByteRateQuotas:
             worst,
             shaped,
             partitions_shaped=self.steady,
+            unbounded_ms=unbounded,
+            owed_ms=owed_ms,
         )
 
     # --- one quota across replicas ----------------------------------------------------------------
@@ -446,7 +467,14 @@ class ByteRateQuotas:
         was addressed by an id it had to look up first (charged once the name is known). Under
         steady shaping each partition's throttle comes from its own token bucket at the topic's
         rate, for the reason ``shaped`` gives."""
-        part_ms = 0
+        part_ms, worst, _owed = self._record_partitions(partitions, now_ms)
+        return part_ms, worst
+
+    def _record_partitions(
+        self, partitions: Iterable[PartitionUsage], now_ms: float
+    ) -> tuple[int, PartitionKey | None, int]:
+        """``record_partitions``, and the most any of them owed before (ms of its quota)."""
+        part_ms = owed_ms = 0
         worst: PartitionKey | None = None
         steady = self.steady
         cluster = self.cluster
@@ -493,7 +521,9 @@ class ByteRateQuotas:
             prate.throttled_ms += ms
             if ms > part_ms:
                 part_ms, worst = ms, key
-        return part_ms, worst
+            if ms and quota > 0:
+                owed_ms = max(owed_ms, ms - java_round(usage.size / quota * 1000.0))
+        return part_ms, worst, owed_ms
 
     def _partition_is_shared(self, topic: str) -> bool:
         try:
@@ -621,7 +651,9 @@ class ByteRateQuotas:
         if tokens >= quota * self.window.size_ms / 1000.0:
             return 0
         short = self._reserved(match.bucket, now_ms) - tokens
-        return math.ceil(short / quota * 1000.0) if short > 0 else 0
+        wait = math.ceil(short / quota * 1000.0) if short > 0 else 0
+        bound = self.cfg.max_throttle_ms
+        return wait if bound is None else min(wait, bound)
 
     def release(self, grant: FetchGrant) -> None:
         """The fetch was answered (or will never be): what it held goes back. Idempotent."""

@@ -243,6 +243,13 @@ class QuotaEnforcer:
         # A fetch whose throttles all come from steady shaping (token buckets that its bytes are
         # paid into) goes out with them; any other throttle refuses it whole, as Kafka does.
         deliver = decision is not None and decision.deliverable and not request_ms
+        if deliver and decision is not None and decision.bounded and decision.owed_ms > 0:
+            # Fetched while its entity still owed: delivered, the bound would let the bytes of
+            # one batch through every bound's time whatever the quota. Answered empty with what
+            # it owed (its bytes not charged), it comes back once that is paid.
+            deliver = False
+            throttle = max(1, min(throttle, decision.owed_ms))
+            self.metrics.bounded_throttles.labels("Fetch", "refused").inc()
         refuse = bool(throttle) and not deliver
         if refuse and decision is not None and not self.dry_run:
             self.fetch.unrecord(decision, response_size, usage, now)
@@ -439,6 +446,12 @@ class QuotaEnforcer:
             admitted = self.mutations.admit(user, client_id, state.costs, strict, self.now_ms(), scale)
         state.bucket = admitted.bucket
         name = api_name(state.api_key) or str(state.api_key)
+        bound = self.cfg.max_throttle_ms
+        if strict and bound is not None and admitted.throttle_ms > bound:
+            # Strict versions refuse what the bucket cannot take, so a shorter wait before the
+            # client asks again lets nothing more through (the bucket still owes the rest).
+            admitted = dataclasses.replace(admitted, throttle_ms=bound)
+            self.metrics.bounded_throttles.labels(name, "bounded").inc()
         mode = "dry-run" if self.dry_run else "applied"
         rejected = admitted.accepted.count(False)
         if rejected:
@@ -512,6 +525,10 @@ class QuotaEnforcer:
         return Admission(decided.accepted, decided.throttle_ms, match.bucket, match, decided.tokens)
 
     def _count(self, api_key: int, decision: Decision, user: str, client_id: str) -> None:
+        if decision.bounded:
+            self.metrics.bounded_throttles.labels(
+                "Produce" if api_key == ApiKey.PRODUCE else "Fetch", "bounded"
+            ).inc()
         if decision.throttled:
             name = "Produce" if api_key == ApiKey.PRODUCE else "Fetch"
             mode = "dry-run" if self.dry_run else "applied"
