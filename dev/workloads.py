@@ -165,3 +165,72 @@ def steady_producer(
 def rate_between(acked: list[tuple[float, int]], t_from: float, t_to: float) -> float:
     """Acknowledged bytes per second in [t_from, t_to) (monotonic times)."""
     return sum(n for at, n in acked if t_from <= at < t_to) / (t_to - t_from)
+
+
+@dataclass
+class ConsumerRun:
+    """What a greedy consumer saw: (seconds from its start, value bytes so far) after every
+    consume, and (seconds, largest throttle in librdkafka's last statistics window) whenever it
+    reported one."""
+
+    marks: list[tuple[float, int]] = field(default_factory=list)
+    throttles: list[tuple[float, int]] = field(default_factory=list)
+
+    def max_throttle(self, t_from: float = 0.0, t_to: float = float("inf")) -> int:
+        return max((ms for t, ms in self.throttles if t_from <= t < t_to), default=0)
+
+    def slope(self, t_from: float, t_to: float = float("inf")) -> float:
+        """Bytes per second: a least-squares line through what had arrived (answers come in
+        lumps; two points would read where the lumps fall)."""
+        import statistics
+
+        span = [(t, n) for t, n in self.marks if t_from <= t < t_to]
+        return statistics.linear_regression([t for t, _ in span], [n for _, n in span]).slope
+
+
+def greedy_consumer(
+    bootstrap: str,
+    topic: str,
+    client_id: str,
+    seconds: float,
+    at: tuple[float, Any] | None = None,
+) -> ConsumerRun:
+    """librdkafka consuming ``topic`` from the start as fast as it is let, for ``seconds``;
+    ``at`` = (seconds, callback): the callback runs once, from the consuming thread, that far in
+    (a reload, a fault)."""
+    from confluent_kafka import Consumer
+
+    run = ConsumerRun()
+    start = time.monotonic()
+
+    def on_stats(raw: str) -> None:
+        for broker in json.loads(raw).get("brokers", {}).values():
+            seen = int(broker.get("throttle", {}).get("max", 0))
+            if seen:
+                run.throttles.append((time.monotonic() - start, seen))
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"g-{topic}-{client_id}",
+            "client.id": client_id,
+            "auto.offset.reset": "earliest",
+            "statistics.interval.ms": 500,
+            "stats_cb": on_stats,
+        }
+    )
+    consumer.subscribe([topic])
+    got = 0
+    try:
+        while time.monotonic() - start < seconds:
+            for msg in consumer.consume(num_messages=1000, timeout=0.2):
+                if msg.error() is None:
+                    got += len(msg.value() or b"")
+            now = time.monotonic() - start
+            run.marks.append((now, got))
+            if at is not None and now >= at[0]:
+                at[1]()
+                at = None
+    finally:
+        consumer.close()
+    return run
