@@ -485,9 +485,27 @@ def test_spark_replay_equals_replay_rows(replay_spark: Any, tmp_path: Path, dry_
     assert info["pruned_buckets"] > 0 and info["hot_buckets"] > 0
 
 
+@pytest.fixture(scope="module")
+def with_seconds(replay_spark: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Any]:
+    """The synthetic records, as a frame, and their statistics with the per-second tables: the
+    same for every replay below (the statistics do not depend on the quotas)."""
+    from analytics.stats import StatsOptions, compute
+
+    rows = synthetic()
+    frame_in = to_frame(replay_spark, rows, tmp_path_factory.mktemp("with-seconds"))
+    stats = compute(replay_spark, frame_in, StatsOptions(keep_seconds=True))
+    assert stats.seconds is not None
+    assert int(stats.seconds.entities["produce_requests"].sum()) == sum(1 for r in rows if r["api_key"] == 0)
+    return rows, frame_in, stats
+
+
 @pytest.mark.parametrize(("dry_run", "refine_below"), [(False, 1.5), (True, 1.5), (False, 1.0), (False, 1e9)])
 def test_spark_replay_pruned_from_the_statistics_seconds_equals_replay_rows(
-    replay_spark: Any, tmp_path: Path, dry_run: bool, refine_below: float, monkeypatch: pytest.MonkeyPatch
+    replay_spark: Any,
+    with_seconds: tuple[Any, Any, Any],
+    dry_run: bool,
+    refine_below: float,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With the statistics' per-second tables (what ``kthrottle tune`` passes), the coarse bound
     comes from them and the records are read again only for what it cannot prune: the results
@@ -497,14 +515,8 @@ def test_spark_replay_pruned_from_the_statistics_seconds_equals_replay_rows(
     from analytics.replay import replay
 
     monkeypatch.setattr(replay_module, "REFINE_BELOW", refine_below)
-    from analytics.stats import StatsOptions, compute
-
-    rows = synthetic()
+    rows, frame_in, stats = with_seconds
     cfg = QuotaConfig.model_validate({**SYNTHETIC_CFG, "dry_run": dry_run})
-    frame_in = to_frame(replay_spark, rows, tmp_path)
-    stats = compute(replay_spark, frame_in, StatsOptions(keep_seconds=True))
-    assert stats.seconds is not None
-    assert int(stats.seconds.entities["produce_requests"].sum()) == sum(1 for r in rows if r["api_key"] == 0)
     frame = replay(replay_spark, frame_in, cfg, strict_from=STRICT, seconds=stats.seconds)
     got = frame.astype(object).where(frame.notna(), None).to_dict("records")
     assert got == replay_rows(rows, cfg, strict_from=STRICT)
