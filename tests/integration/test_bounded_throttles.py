@@ -35,7 +35,7 @@ def test_a_reloaded_bound_caps_the_throttle_a_consumer_sees_and_the_quota_still_
 ) -> None:
     topic = f"bound-{uuid.uuid4().hex[:6]}"
     kafka_broker.create_topic(topic, partitions=1)
-    kafka_broker.fill_topic(topic, 40 * 1024, record_size=1024, batch_bytes=BATCH)  # 40 MiB
+    kafka_broker.fill_topic(topic, 16 * 1024, record_size=1024, batch_bytes=BATCH)  # 16 MiB: never runs dry
     quotas: dict[str, Any] = {"clients": {"bounded-c": {"consumer_byte_rate": QUOTA}}}
     with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
         reloaded: list[float] = []
@@ -52,7 +52,7 @@ def test_a_reloaded_bound_caps_the_throttle_a_consumer_sees_and_the_quota_still_
             )
             reloaded.append(time.monotonic() - start)
 
-        run = greedy_consumer(proxy.bootstrap, topic, "bounded-c", 34, at=(12, set_the_bound))
+        run = greedy_consumer(proxy.bootstrap, topic, "bounded-c", 26, at=(8, set_the_bound))
         refused = proxy.metric("kthrottle_bounded_throttles_total", {"api": "Fetch", "outcome": "refused"})
     (bounded_at,) = reloaded
     # Unbounded: about a batch's 2 s. librdkafka's statistics window trails by up to its
