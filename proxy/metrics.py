@@ -66,7 +66,7 @@ class ProxyMetrics:
         self.throttled_requests = Counter(
             "kthrottle_throttled_requests",
             "Requests over a quota (throttled, or with topics rejected), by api and whether the "
-            "decision was applied or dry-run",
+            "decision was applied, dry-run or exempt (quotas.exempt: reported, not applied)",
             ["api", "mode"],
             registry=r,
         )

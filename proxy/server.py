@@ -8,6 +8,7 @@ import logging
 import ssl
 import time
 
+from proxy.admin.pending_requests import PendingRequestsCollector, warn_stalled
 from proxy.admin.quota_metrics import QuotaCollector
 from proxy.capture.writer import CaptureWriter, instance_name
 from proxy.config import ProxyConfig
@@ -17,7 +18,6 @@ from proxy.net.proxy_protocol import HeaderProtocol, Origin, ProxyProtocolGate
 from proxy.net.tls import ListenerTlsContext, upstream_context
 from proxy.net.transports import ClientProtocol
 from proxy.net.upstream_client import PlainCredentials, UpstreamLogin, fetch_brokers
-from proxy.pending_requests import PendingRequestsCollector, warn_stalled
 from proxy.pipeline.connection import Pipeline
 from proxy.pipeline.host import Listener
 from proxy.pipeline.stages import proxy_stages
@@ -91,9 +91,7 @@ class ProxyServer:
         self.stages = proxy_stages(self)
         self.listeners: dict[str, Listener] = {}
         self.pipelines: set[Pipeline] = set()
-        self.metrics.registry.register(
-            PendingRequestsCollector(lambda: self.pipelines, _loop_time)
-        )
+        self.metrics.registry.register(PendingRequestsCollector(lambda: self.pipelines, _loop_time))
         self.draining = False
         self.upstream_ready = False
         self._refresh_task: asyncio.Task[None] | None = None

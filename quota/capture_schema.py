@@ -55,7 +55,7 @@ FIELDS: Final[tuple[Field, ...]] = (
     Field("decided_throttle_ms", "int32", "throttle the proxy decided, applied or not"),
     Field("broker_throttle_ms", "int32", "throttle_time_ms the broker reported (-1: not read)"),
     Field("upstream_ms", "float64", "request sent to response received (-1: answered by the proxy)"),
-    Field("dry_run", "bool", "whether the proxy was in dry-run mode"),
+    Field("dry_run", "bool", "whether the throttle was only reported: dry-run mode, or the client exempt"),
 )
 
 FIELD_NAMES: Final[tuple[str, ...]] = tuple(f.name for f in FIELDS)

@@ -9,6 +9,11 @@ Shape (YAML)::
       fetch_shaping: steady                    # or kafka (QuotaConfig.fetch_shaping)
       hold_across_connections: true            # QuotaConfig.hold_across_connections
       max_throttle_ms: 1000                    # no throttle longer (QuotaConfig.max_throttle_ms)
+      exempt:                                  # never throttled or refused, still measured
+        users: [replicator]
+        client_ids: [ops-admin]
+        listeners: []                          # bootstrap, brokers or sidecar
+        source_cidrs: [10.20.0.0/16]
       users:
         alice:                                 # /config/users/alice
           producer_byte_rate: 1048576
@@ -225,6 +230,48 @@ class ProducerIdOptions(_Strict):
     together are spaced out at the quota; kafka: KIP-936's windowed rate, charged at Produce."""
 
 
+ListenerName = Literal["bootstrap", "brokers", "sidecar"]
+
+
+class ExemptConfig(_Strict):
+    """Clients never throttled, muted, held or refused by any quota, yet measured and captured as
+    everyone else (their bytes count in their buckets; their decisions are counted and captured
+    as ``mode="exempt"``): internal clients, replication tools, the operator's own admin. A
+    request is exempt when its connection's user, listener or source address, or its client id,
+    is listed."""
+
+    users: list[UserKey] = Field(default_factory=list)
+    """Principals by name, as the quotas' users keys have them (alice, not User:alice)."""
+    client_ids: list[str] = Field(default_factory=list)
+    """Client ids, exactly."""
+    listeners: list[ListenerName] = Field(default_factory=list)
+    """The proxy's listeners (bootstrap and brokers in gateway mode, sidecar in sidecar mode):
+    every connection they accept."""
+    source_cidrs: list[str] = Field(default_factory=list)
+    """Client addresses, as networks (10.0.0.0/8) or single addresses; behind a load balancer, the
+    address the PROXY protocol names. Also exempt from connection_creation_rate."""
+
+    @field_validator("source_cidrs")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=True)
+            except ValueError as exc:
+                hint = ""
+                if "host bits set" in str(exc):
+                    hint = f"; the network is {ipaddress.ip_network(item, strict=False)}"
+                raise ValueError(f"{item!r} is not an address or CIDR network{hint}") from exc
+        return value
+
+    @property
+    def any(self) -> bool:
+        return bool(self.users or self.client_ids or self.listeners or self.source_cidrs)
+
+    def networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        return [ipaddress.ip_network(item) for item in self.source_cidrs]
+
+
 class QuotaConfig(_Strict):
     """The quotas, with Kafka's entity levels and key names; reloaded live."""
 
@@ -256,6 +303,8 @@ class QuotaConfig(_Strict):
     """An entity throttled on one connection has its other connections' next Produce/Fetch held
     until the throttle has passed (one quota across connections and brokers, at every moment
     rather than on average)."""
+    exempt: ExemptConfig = Field(default_factory=ExemptConfig)
+    """Clients no quota holds back, still measured and captured."""
     max_throttle_ms: int | None = Field(None, ge=1, le=3_600_000)
     """No byte-rate throttle (producer_byte_rate, consumer_byte_rate, topic rates) and no
     mutation throttle of a strict version (KIP-599) is longer than this, so a burst cannot hold a
@@ -279,6 +328,7 @@ class QuotaConfig(_Strict):
                 "carried in the token bucket, and a kafka-shaped window forgets it"
             )
         return value
+
     users: dict[UserKey, UserQuotas] = Field(default_factory=dict)
     """Quotas by user (the SASL or TLS principal; ANONYMOUS without either), <default> for every
     other user: /config/users/<user>. Keys are the principal's name without its type (alice, not

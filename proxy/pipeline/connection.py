@@ -38,6 +38,7 @@ from proxy.pipeline.frame_streams import FrameStreams
 from proxy.pipeline.host import Host, Listener
 from proxy.pipeline.stages import InFlight, Request, Response
 from proxy.traffic_metrics import ApiTraffic
+from quota.exemptions import parse_address
 from quota.keys import ANONYMOUS
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,9 @@ class Pipeline(ConnectionFlow):
         except Refused as exc:
             self.reject(str(exc), exc.label)
             return
-        hold_ms = server.enforcer.on_connection(peer[0]) if isinstance(peer, tuple) else 0
+        self.address = parse_address(peer[0] if isinstance(peer, tuple) else None)
+        exempt = server.enforcer.exemptions.source(listener.name, self.address)
+        hold_ms = server.enforcer.on_connection(peer[0], exempt) if isinstance(peer, tuple) else 0
         if hold_ms:
             # KIP-612: an IP over its connection rate is accepted but never read from, and closed
             # once the throttle time has passed; other IPs are not affected.
@@ -154,6 +157,16 @@ class Pipeline(ConnectionFlow):
             self.resume_client("connecting")
             return
         self.close(f"no upstream broker reachable (last error {last!r})")
+
+    def exempt(self, client_id: str) -> bool:
+        """No quota holds this request back (``quotas.exempt``): its user, client id, listener or
+        source address is listed. Asked per request: the user changes at a SASL login and the
+        exemptions at a reload."""
+        exemptions = self.server.enforcer.exemptions
+        if not exemptions.any:
+            return False
+        source = exemptions.source(self.listener.name, self.address)
+        return exemptions.request(source, self.user, client_id)
 
     def close(self, reason: str | None = None, *, level: int = logging.WARNING) -> None:
         """Close both sides once; ``reason`` is logged with the client's address."""

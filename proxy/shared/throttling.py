@@ -28,10 +28,12 @@ from quota.cluster_report import MutationRecord
 from quota.config import QuotaConfig
 from quota.connections import ConnectionRateQuotas
 from quota.entities import Bucket
+from quota.exemptions import Exemptions
 from quota.manager import ByteRateQuotas, Decision, FetchGrant, PartitionUsage
 from quota.mutations import Admission, MutationQuotas
 from quota.producer_ids import ProducerIdQuotas
-from quota.request_time import RequestTimeQuotas, exempt
+from quota.request_time import RequestTimeQuotas
+from quota.request_time import exempt as time_exempt
 
 if TYPE_CHECKING:
     from proxy.shared.admission import MutationState
@@ -107,6 +109,7 @@ class QuotaEnforcer:
         self.producer_ids = ProducerIdQuotas(cfg, now)
         self.request_time = RequestTimeQuotas(cfg, now)
         self.connections = ConnectionRateQuotas(cfg, now)
+        self.exemptions = Exemptions(cfg.exempt)
         # One quota across gateway replicas (proxy/shared/cluster_quotas.py), while the exchange runs.
         self.cluster: ClusterLink | None = None
         self.mutation_log = MutationLog()  # cluster-wide KIP-599 buckets, replayed from the topic
@@ -127,6 +130,10 @@ class QuotaEnforcer:
     @property
     def dry_run(self) -> bool:
         return self.cfg.dry_run
+
+    def _mode(self, exempt: bool) -> str:
+        """How a decision is counted: applied, or only reported (dry-run, an exempt client)."""
+        return "exempt" if exempt else "dry-run" if self.dry_run else "applied"
 
     def expire_idle(self) -> int:
         """Drop idle quota state even when no request comes to do it (each table expires on its
@@ -153,18 +160,21 @@ class QuotaEnforcer:
         self.producer_ids.reconfigure(cfg)
         self.request_time.reconfigure(cfg)
         self.connections.reconfigure(cfg)
+        self.exemptions = Exemptions(cfg.exempt)
 
     # --- produce ---------------------------------------------------------------------------
 
-    def on_produce(self, user: str, client_id: str, request_size: int, body: dict[str, Any]) -> ProduceCharge:
+    def on_produce(
+        self, user: str, client_id: str, request_size: int, body: dict[str, Any], exempt: bool = False
+    ) -> ProduceCharge:
         """Charge a Produce request (header + body bytes; per-partition record bytes; producer ids
         new to the user, KIP-936). The throttle decided is the largest of the quotas it is over."""
         partitions = messages.produce_request_partitions(body)
         self._name_topics(self.produce, partitions)
         now = self.now_ms()
         decision = self.produce.record(user, client_id, request_size, _usage(partitions), now)
-        self._count(ApiKey.PRODUCE, decision, user, client_id)
-        self._hold(True, decision, now)
+        self._count(ApiKey.PRODUCE, decision, user, client_id, exempt)
+        self._hold(True, decision, now, exempt)
         throttle = decision.throttle_ms
         new_ids = -1
         if self.producer_ids.active:
@@ -175,7 +185,7 @@ class QuotaEnforcer:
                 if pid.throttled:
                     quota = pid.match.quota if pid.match else 0
                     why = f"{pid.rate:.4g} new producer ids/s over {quota:g}"
-                    self._throttled("Produce", pid.throttle_ms, "producer-ids", user, client_id, why)
+                    self._throttled("Produce", pid.throttle_ms, "producer-ids", user, client_id, why, exempt)
                     throttle = max(throttle, pid.throttle_ms)
         return ProduceCharge(throttle, partitions, new_ids)
 
@@ -205,6 +215,7 @@ class QuotaEnforcer:
         body: dict[str, Any],
         busy: float | None,
         grant: FetchGrant | None = None,
+        exempt: bool = False,
     ) -> FetchCharge:
         """Charge a fetch response (its bytes; its upstream time when ``busy`` is given); the
         throttle decided is what to answer it with (0: let it through).
@@ -233,24 +244,24 @@ class QuotaEnforcer:
         usage = _usage(parts)
         if self.fetch.active:
             decision = self.fetch.record(user, client_id, response_size, usage, now)
-            self._count(ApiKey.FETCH, decision, user, client_id)
-            self._hold(False, decision, now)
+            self._count(ApiKey.FETCH, decision, user, client_id, exempt)
+            self._hold(False, decision, now, exempt)
             throttle = decision.throttle_ms
         request_ms = 0
         if busy is not None and any(p.size for p in parts):
-            request_ms = self.on_request_time(user, client_id, ApiKey.FETCH, busy)
+            request_ms = self.on_request_time(user, client_id, ApiKey.FETCH, busy, exempt)
             throttle = max(throttle, request_ms)
         # A fetch whose throttles all come from steady shaping (token buckets that its bytes are
         # paid into) goes out with them; any other throttle refuses it whole, as Kafka does.
         deliver = decision is not None and decision.deliverable and not request_ms
-        if deliver and decision is not None and decision.bounded and decision.owed_ms > 0:
+        if deliver and decision is not None and decision.bounded and decision.owed_ms > 0 and not exempt:
             # Fetched while its entity still owed: delivered, the bound would let the bytes of
             # one batch through every bound's time whatever the quota. Answered empty with what
             # it owed (its bytes not charged), it comes back once that is paid.
             deliver = False
             throttle = max(1, min(throttle, decision.owed_ms))
             self.metrics.bounded_throttles.labels("Fetch", "refused").inc()
-        refuse = bool(throttle) and not deliver
+        refuse = bool(throttle) and not deliver and not exempt
         if refuse and decision is not None and not self.dry_run:
             self.fetch.unrecord(decision, response_size, usage, now)
             if waiting is not None:  # answered empty: those bytes never reach the client either
@@ -259,13 +270,13 @@ class QuotaEnforcer:
 
     # --- one quota across connections ----------------------------------------------------------
 
-    def _hold(self, produce: bool, decision: Decision, now: float) -> None:
+    def _hold(self, produce: bool, decision: Decision, now: float, exempt: bool = False) -> None:
         """Remember an entity's throttle, so its other connections are held until it has passed.
 
         A broker enforces its own copy of a quota on its own connections; the proxy sees every
         connection of a client to every broker and holds them all, so neither parallel
         connections nor another broker's share let the client past its quota."""
-        if decision.client_throttle_ms <= 0 or self.dry_run or not self.cfg.hold_across_connections:
+        if decision.client_throttle_ms <= 0 or self.dry_run or exempt or not self.cfg.hold_across_connections:
             return
         key = (produce, decision.bucket)
         until = now + decision.client_throttle_ms
@@ -343,18 +354,19 @@ class QuotaEnforcer:
             why,
         )
 
-    def reserve_producer_id(self, user: str, client_id: str) -> int:
+    def reserve_producer_id(self, user: str, client_id: str, exempt: bool = False) -> int:
         """How long an InitProducerId waits before it is forwarded (ProducerIdQuotas.reserve);
-        0 in a dry run (the wait is reported, not applied)."""
+        0 in a dry run or for an exempt client (the wait is reported, not applied)."""
         if not self.producer_ids.active or self.producer_ids.match(user) is None:
             return 0
         wait = self.producer_ids.reserve(user, self.now_ms())
         if wait:
-            self._throttled("InitProducerId", wait, "producer-ids", user, client_id, "user over its rate")
-        return 0 if self.dry_run else wait
+            why = "user over its rate"
+            self._throttled("InitProducerId", wait, "producer-ids", user, client_id, why, exempt)
+        return 0 if self.dry_run or exempt else wait
 
     def on_init_producer_id(
-        self, user: str, client_id: str, producer_id: int = -1, reserved: bool = False
+        self, user: str, client_id: str, producer_id: int = -1, reserved: bool = False, exempt: bool = False
     ) -> int:
         """The answer to an InitProducerId: its id is counted; under kafka shaping, a user over
         producer_ids_rate has it answered with the throttle its next new id would meet, so the
@@ -363,16 +375,20 @@ class QuotaEnforcer:
             return 0
         throttle = self.producer_ids.settle(user, producer_id, self.now_ms(), reserved)
         if throttle:
-            self._throttled("InitProducerId", throttle, "producer-ids", user, client_id, "user over its rate")
-        return 0 if self.dry_run else throttle
+            why = "user over its rate"
+            self._throttled("InitProducerId", throttle, "producer-ids", user, client_id, why, exempt)
+        return 0 if self.dry_run or exempt else throttle
 
     # --- request time (request_percentage) --------------------------------------------------
 
     def request_time_charged(self, api_key: int, acks: int | None = None) -> bool:
-        return self.request_time.active and not exempt(api_key, acks=acks)
+        return self.request_time.active and not time_exempt(api_key, acks=acks)
 
-    def on_request_time(self, user: str, client_id: str, api_key: int, seconds: float) -> int:
-        """Charge the upstream time of one request; the throttle (capped at one window sample)."""
+    def on_request_time(
+        self, user: str, client_id: str, api_key: int, seconds: float, exempt: bool = False
+    ) -> int:
+        """Charge the upstream time of one request; the throttle decided (capped at one window
+        sample; the caller applies it unless in a dry run or exempt)."""
         decision = self.request_time.record(user, client_id, seconds, self.now_ms())
         if decision.throttled:
             name = api_name(api_key) or str(api_key)
@@ -383,18 +399,20 @@ class QuotaEnforcer:
                 user,
                 client_id,
                 f"{decision.percentage:.3g}% over {decision.match.quota if decision.match else 0:g}%",
+                exempt,
             )
         return decision.throttle_ms
 
     # --- connection rate (KIP-612) ------------------------------------------------------------
 
-    def on_connection(self, ip: str) -> int:
-        """Charge a new client connection to its IP; the time to hold it before closing, or 0."""
+    def on_connection(self, ip: str, exempt: bool = False) -> int:
+        """Charge a new client connection to its IP; the time to hold it before closing, or 0
+        (``exempt``: its listener or address is, so it is counted and never held)."""
         if not self.connections.active:
             return 0
         decision = self.connections.on_accept(ip, self.now_ms())
         if decision.throttled:
-            mode = "dry-run" if self.dry_run else "applied"
+            mode = self._mode(exempt)
             self.metrics.throttled_connections.labels(mode).inc()
             throttle_log.log(
                 logging.INFO,
@@ -407,12 +425,21 @@ class QuotaEnforcer:
                 decision.throttle_ms,
                 mode,
             )
-            if self.dry_run:
+            if self.dry_run or exempt:
                 return 0
         return decision.throttle_ms
 
-    def _throttled(self, api: str, throttle_ms: int, quota: str, user: str, client_id: str, why: str) -> None:
-        mode = "dry-run" if self.dry_run else "applied"
+    def _throttled(
+        self,
+        api: str,
+        throttle_ms: int,
+        quota: str,
+        user: str,
+        client_id: str,
+        why: str,
+        exempt: bool = False,
+    ) -> None:
+        mode = self._mode(exempt)
         self.metrics.quota_throttles.labels(api, quota, mode).inc()
         self.metrics.throttle_seconds.labels(api).inc(throttle_ms / 1000.0)
         throttle_log.log(
@@ -433,7 +460,9 @@ class QuotaEnforcer:
     def mutation_quota_applies(self, user: str, client_id: str) -> bool:
         return self.mutations.active and self.mutations.match(user, client_id) is not None
 
-    async def on_mutation(self, user: str, client_id: str, state: MutationState, peer: str) -> int:
+    async def on_mutation(
+        self, user: str, client_id: str, state: MutationState, peer: str, exempt: bool = False
+    ) -> int:
         """Decide which topics of a priced mutation request are admitted, and its throttle;
         returns the throttle decided (applied unless in dry-run). A cluster-wide quota is
         decided by the replay of the exchange topic, in its order, as the one controller would;
@@ -452,7 +481,7 @@ class QuotaEnforcer:
             # client asks again lets nothing more through (the bucket still owes the rest).
             admitted = dataclasses.replace(admitted, throttle_ms=bound)
             self.metrics.bounded_throttles.labels(name, "bounded").inc()
-        mode = "dry-run" if self.dry_run else "applied"
+        mode = self._mode(exempt)
         rejected = admitted.accepted.count(False)
         if rejected:
             self.metrics.mutation_rejected_topics.labels(name, mode).inc(rejected)
@@ -474,7 +503,7 @@ class QuotaEnforcer:
                 "strict" if strict else "permissive",
                 mode,
             )
-        if self.dry_run:
+        if self.dry_run or exempt:
             state.accepted = (True,) * len(state.refs)
             state.throttle_ms = 0
         else:
@@ -524,14 +553,16 @@ class QuotaEnforcer:
         state.record = record
         return Admission(decided.accepted, decided.throttle_ms, match.bucket, match, decided.tokens)
 
-    def _count(self, api_key: int, decision: Decision, user: str, client_id: str) -> None:
+    def _count(
+        self, api_key: int, decision: Decision, user: str, client_id: str, exempt: bool = False
+    ) -> None:
         if decision.bounded:
             self.metrics.bounded_throttles.labels(
                 "Produce" if api_key == ApiKey.PRODUCE else "Fetch", "bounded"
             ).inc()
         if decision.throttled:
             name = "Produce" if api_key == ApiKey.PRODUCE else "Fetch"
-            mode = "dry-run" if self.dry_run else "applied"
+            mode = self._mode(exempt)
             self.metrics.throttled_requests.labels(name, mode).inc()
             self.metrics.throttle_seconds.labels(name).inc(decision.throttle_ms / 1000.0)
             throttle_log.log(

@@ -9,7 +9,12 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from protocol.api_keys import ApiKey
-from proxy.pending_requests import STALLED_SECONDS, PendingRequestsCollector, oldest_by_api, warn_stalled
+from proxy.admin.pending_requests import (
+    STALLED_SECONDS,
+    PendingRequestsCollector,
+    oldest_by_api,
+    warn_stalled,
+)
 from proxy.pipeline.stages.base import InFlight
 
 
@@ -53,7 +58,7 @@ def test_a_request_unanswered_past_the_limit_is_logged_once_its_throttle_is_allo
             ],
         )
     ]
-    with caplog.at_level(logging.WARNING, logger="proxy.pending_requests"):
+    with caplog.at_level(logging.WARNING, logger="proxy.admin.pending_requests"):
         assert warn_stalled(conns, now) == 1
     (record,) = caplog.records
     assert "conn 7 from 10.0.0.5:5000: Fetch request (client 'app', correlation id 41) unanswered" in (

@@ -34,6 +34,10 @@ class FetchStage(Stage):
         conn, enforcer = self.conn, self.enforcer
         header = req.header
         client_id = header.client_id or ""
+        if conn.exempt(client_id):
+            req.fetch = fetch_request_info(header.api_version, req.body)  # charged, never held
+            req.want_response(self)
+            return False
         wait = enforcer.hold_ms(False, conn.user, client_id)
         if wait:
             # Another connection of this entity is throttled, or its fetches in flight hold what
@@ -63,9 +67,10 @@ class FetchStage(Stage):
             body,
             entry.busy if entry.charge_time else None,
             entry.fetch.grant,
+            exempt := self.conn.exempt(entry.client_id),
         )
         entry.fetch_charge = charge
-        throttle_ms = 0 if enforcer.dry_run else charge.throttle_ms
+        throttle_ms = 0 if enforcer.dry_run or exempt else charge.throttle_ms
         if throttle_ms and not charge.refuse:
             entry.throttle_ms = max(entry.throttle_ms, throttle_ms)  # delivered, then muted
         elif throttle_ms:

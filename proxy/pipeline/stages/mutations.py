@@ -56,7 +56,8 @@ class MutationStage(Stage):
         state.costs = await admission.resolve_costs(state, conn.server.catalog)
         if conn.closed:
             return
-        decided = await self.enforcer.on_mutation(conn.user, entry.client_id, state, conn.peer)
+        exempt = conn.exempt(entry.client_id)
+        decided = await self.enforcer.on_mutation(conn.user, entry.client_id, state, conn.peer, exempt)
         if conn.closed:
             return
         entry.throttle_ms = state.throttle_ms

@@ -34,7 +34,8 @@ class ProduceStage(Stage):
     def on_request(self, req: Request) -> bool:
         conn, enforcer = self.conn, self.enforcer
         client_id = req.header.client_id or ""
-        if enforcer.produce.active:
+        exempt = conn.exempt(client_id)
+        if enforcer.produce.active and not exempt:
             wait = enforcer.hold_ms(True, conn.user, client_id)
             if wait:
                 # Another connection of this client is being throttled: this one waits too,
@@ -42,14 +43,14 @@ class ProduceStage(Stage):
                 self._holds.inc()
                 conn.wait_before(req.frame, wait)
                 return True
-        charge = enforcer.on_produce(conn.user, client_id, len(req.frame), req.body)
+        charge = enforcer.on_produce(conn.user, client_id, len(req.frame), req.body, exempt)
         decided = charge.throttle_ms
         if self.parking is not None:
-            delay = self.parking.admit(req, charge)
+            delay = self.parking.admit(req, charge, exempt)
             if delay is None:
                 return True  # parked, or answered
             decided = max(decided, delay)
         if req.capture is not None:
             req.capture.on_produce(charge.partitions, charge.new_producer_ids, decided)
-        req.throttle_ms = 0 if enforcer.dry_run else decided
+        req.throttle_ms = 0 if enforcer.dry_run or exempt else decided
         return False

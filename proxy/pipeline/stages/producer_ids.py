@@ -29,7 +29,8 @@ class InitProducerIdStage(Stage):
         if waited:
             self._waited.discard(id(req.frame))
         else:
-            wait = self.enforcer.reserve_producer_id(self.conn.user, req.header.client_id or "")
+            client_id = req.header.client_id or ""
+            wait = self.enforcer.reserve_producer_id(self.conn.user, client_id, self.conn.exempt(client_id))
             if wait:
                 # Read again once its turn comes (the id it brings is charged already).
                 self._waited.add(id(req.frame))
@@ -43,7 +44,11 @@ class InitProducerIdStage(Stage):
         body = resp.body
         producer_id = int(body.get("producer_id", -1)) if int(body.get("error_code", 0)) == 0 else -1
         pid_ms = self.enforcer.on_init_producer_id(
-            self.conn.user, entry.client_id, producer_id, reserved=True
+            self.conn.user,
+            entry.client_id,
+            producer_id,
+            reserved=True,
+            exempt=self.conn.exempt(entry.client_id),
         )
         entry.throttle_ms = max(entry.throttle_ms, pid_ms)
         return False

@@ -33,10 +33,11 @@ class VolumeParking:
         # would take them past the client's request timeout).
         self._timed_out = False
 
-    def admit(self, req: Request, charge: ProduceCharge) -> int | None:
-        """The delay the volumes add (ms), or None when the request was parked or answered."""
+    def admit(self, req: Request, charge: ProduceCharge, exempt: bool = False) -> int | None:
+        """The delay the volumes add (ms), or None when the request was parked or answered
+        (never for an exempt client: the delay is reported, not applied)."""
         verdict = self.volume.verdict()
-        if verdict.state is VolumeState.PAUSE and not self.conn.server.enforcer.dry_run:
+        if verdict.state is VolumeState.PAUSE and not self.conn.server.enforcer.dry_run and not exempt:
             self._park(req, charge)
             return None
         self._timed_out = False
