@@ -121,6 +121,7 @@ quotas:
   window: {num: 11, size_seconds: 1}   # quota.window.num / quota.window.size.seconds
   produce_shaping: steady              # or kafka
   max_throttle_ms: 5000                # no byte-rate throttle longer; the rest stays owed
+  exempt: {users: [replicator], client_ids: [ops-admin], source_cidrs: [10.20.0.0/16]}
   users:
     alice:
       producer_byte_rate: 1048576      # /config/users/alice
