@@ -196,14 +196,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="count and skip messages of another schema version or not capture records (default: fail)",
     )
-    from proxy.admin import quota_cli
+    from proxy.admin import quota_cli, top_cli
 
     quota_cli.add_parser(sub)
+    top_cli.add_parser(sub)
     args, rest = parser.parse_known_args(argv)
-    if args.command == "quotas":
+    if args.command in ("quotas", "top"):
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        return quota_cli.run(args)
+        return quota_cli.run(args) if args.command == "quotas" else top_cli.run(args)
     if args.command == "capture-export":
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")

@@ -54,11 +54,11 @@ class AdminConfig(Strict):
     """Run the admin server at all."""
     token_file: Path | None = None
     """State-changing endpoints, and those that name users, client ids or addresses (/quotas,
-    /quotas/entity, /quotas/ip, /quotas/client-quotas, /quotas/cluster), need ``Authorization:
-    Bearer <the file's contents>``; the file is read at start and again whenever it changes (its
-    path itself needs a restart). Without it they are refused, unless
-    allow_unauthenticated_changes / allow_unauthenticated_reads say otherwise. /healthz, /readyz,
-    /metrics, /volume and /cluster/peer (the replicas' liveness probe) are always open."""
+    /quotas/entity, /quotas/ip, /quotas/client-quotas, /quotas/cluster, /connections), need
+    ``Authorization: Bearer <the file's contents>``; the file is read at start and again
+    whenever it changes (its path itself needs a restart). Without it they are refused, unless
+    allow_unauthenticated_changes / allow_unauthenticated_reads say otherwise. /healthz,
+    /readyz, /metrics, /volume and /cluster/peer (the replicas' liveness probe) are always open."""
     allow_unauthenticated_changes: bool = False
     """Allow state-changing endpoints without the token (anyone who reaches the port may change
     quotas)."""

@@ -235,8 +235,11 @@ ListenerName = Literal["bootstrap", "brokers", "sidecar"]
 
 class ExemptConfig(_Strict):
     """Clients never throttled, muted, held or refused by any quota, yet measured and captured as
-    everyone else (their bytes count in their buckets; their decisions are counted and captured
-    as ``mode="exempt"``): internal clients, replication tools, the operator's own admin. A
+    everyone else (their rates are shown, their requests captured with ``dry_run`` and nothing
+    applied, a throttle decided and not applied counted as ``mode="exempt"``): internal clients,
+    replication tools, the operator's own admin. Their bytes owe nothing: no token bucket is
+    charged for them, so neither the others of a bucket they share (a user quota, a topic's
+    partitions) nor they themselves, once taken off the list, are held back by what they sent. A
     request is exempt when its connection's user, listener or source address, or its client id,
     is listed."""
 

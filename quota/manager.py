@@ -533,10 +533,17 @@ class ByteRateQuotas:
             return found
 
     def unrecord(
-        self, decision: Decision, size: int, partitions: Iterable[PartitionUsage], now_ms: float
+        self,
+        decision: Decision,
+        size: int,
+        partitions: Iterable[PartitionUsage],
+        now_ms: float,
+        keep_rates: bool = False,
     ) -> None:
-        """Take back what ``record`` charged, for a fetch answered empty because it was throttled."""
-        rate = self.clients.get(decision.bucket)
+        """Take back what ``record`` charged, for a fetch answered empty because it was throttled;
+        ``keep_rates``: only what the buckets were charged (an exempt client's bytes stay
+        measured, but owe nothing and take nothing from the others of a shared bucket)."""
+        rate = None if keep_rates else self.clients.get(decision.bucket)
         if rate is not None:
             rate.unrecord(size, now_ms)
         cluster = self.cluster
@@ -548,7 +555,7 @@ class ByteRateQuotas:
             shaper.record(-size, now_ms)
         for usage in partitions:
             key = (usage.topic, usage.partition)
-            prate = self.partitions.get(key)
+            prate = None if keep_rates else self.partitions.get(key)
             if prate is not None:
                 prate.unrecord(usage.size, now_ms)
             shared_part = (

@@ -10,6 +10,7 @@ time; 401 without it, 403 when wrong); with no token file they are refused unles
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from proxy.admin.connections import connection_rows
 from proxy.config import AdminConfig
 from proxy.secrets import register
 from proxy.shared.quota_api import QuotaApiService
@@ -289,6 +291,24 @@ def build_app(server: ProxyServer, auth: AdminAuth | None = None) -> web.Applica
         client_id = request.query.get("client_id", "")
         return web.json_response(entity_state(server.enforcer, user, client_id))
 
+    async def connections(request: web.Request) -> web.Response:
+        query = request.query
+        try:
+            broker = int(query["broker"]) if query.get("broker") else None
+            limit = int(query.get("limit", "100"))
+            answer = connection_rows(
+                server.pipelines,
+                asyncio.get_running_loop().time(),
+                user=query.get("user"),
+                client_id=query.get("client_id"),
+                broker=broker,
+                sort=query.get("sort", "bytes_in"),
+                limit=limit,
+            )
+        except ValueError as exc:
+            return _error(400, str(exc))
+        return web.json_response(answer)
+
     async def ip(request: web.Request) -> web.Response:
         address = request.query.get("ip", "")
         if not address:
@@ -301,6 +321,7 @@ def build_app(server: ProxyServer, auth: AdminAuth | None = None) -> web.Applica
     app.router.add_get("/quotas", auth.protect(quotas, reading=True))
     app.router.add_get("/quotas/entity", auth.protect(entity, reading=True))
     app.router.add_get("/quotas/ip", auth.protect(ip, reading=True))
+    app.router.add_get("/connections", auth.protect(connections, reading=True))
 
     async def volume(_request: web.Request) -> web.Response:
         if server.volume is None:

@@ -101,7 +101,7 @@ def _ops(args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
-def _call(
+def call(
     url: str, timeout: float, body: dict[str, Any] | None = None, token: str | None = None
 ) -> tuple[int, Any]:
     """(HTTP status, JSON answer); raises OSError when the proxy cannot be reached."""
@@ -142,7 +142,7 @@ def _usage_lines(args: argparse.Namespace) -> list[str]:
         return []
     query = urllib.parse.urlencode({k: v for k, v in names.items() if v is not None})
     try:
-        status, state = _call(f"{args.admin_url.rstrip('/')}/quotas/entity?{query}", args.timeout)
+        status, state = call(f"{args.admin_url.rstrip('/')}/quotas/entity?{query}", args.timeout)
     except (OSError, urllib.error.URLError):
         return []
     if status != 200 or not isinstance(state, dict):
@@ -164,28 +164,36 @@ def _usage_lines(args: argparse.Namespace) -> list[str]:
     return lines
 
 
+def read_token(path: Path | None) -> str | None:
+    """The admin token from ``--token-file`` (None without one); UsageError when unreadable."""
+    if path is None:
+        return None
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise UsageError(f"cannot read --token-file {path}: {exc.strerror}") from exc
+
+
 def run(args: argparse.Namespace) -> int:
     base = args.admin_url.rstrip("/") + "/quotas/client-quotas"
-    token = None
-    if args.token_file is not None:
-        try:
-            token = args.token_file.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            print(f"kthrottle: cannot read --token-file {args.token_file}: {exc.strerror}", file=sys.stderr)
-            return EXIT_USAGE
+    try:
+        token = read_token(args.token_file)
+    except UsageError as exc:
+        print(f"kthrottle: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         if args.quotas_command == "describe":
             query = {k: DEFAULT if v is None else v for k, v in _entity(args).items()}
             if args.strict:
                 query["strict"] = "true"
             url = base + (f"?{urllib.parse.urlencode(query)}" if query else "")
-            status, answer = _call(url, args.timeout, token=token)
+            status, answer = call(url, args.timeout, token=token)
         else:
             entity = _entity(args)
             if not entity:
                 raise UsageError("give the entity: --user, --client-id (both for a pair) or --ip")
             body = {"entries": [{"entity": entity, "ops": _ops(args)}], "validate_only": args.validate_only}
-            status, answer = _call(base, args.timeout, body, token)
+            status, answer = call(base, args.timeout, body, token)
     except UsageError as exc:
         print(f"kthrottle: {exc}", file=sys.stderr)
         return EXIT_USAGE

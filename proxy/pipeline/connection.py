@@ -91,6 +91,10 @@ class Pipeline(ConnectionFlow):
         self.loop = asyncio.get_running_loop()
         self.metrics = server.metrics
         self._api_traffic: dict[int, ApiTraffic] = {}  # per api key, resolved once per connection
+        # This connection's own traffic, for GET /connections and `kthrottle top`.
+        self.opened_at = self.loop.time()
+        self.client_id = ""  # of its latest request
+        self.requests_in = self.bytes_in = self.bytes_out = 0
         self.stages = server.stages.for_connection(self)
         server.pipeline_opened(self)
         self._connect_task: asyncio.Task[None] | None = None
@@ -157,6 +161,10 @@ class Pipeline(ConnectionFlow):
             self.resume_client("connecting")
             return
         self.close(f"no upstream broker reachable (last error {last!r})")
+
+    @property
+    def listener_name(self) -> str:
+        return self.listener.name
 
     def exempt(self, client_id: str) -> bool:
         """No quota holds this request back (``quotas.exempt``): its user, client id, listener or
@@ -252,6 +260,7 @@ class Pipeline(ConnectionFlow):
             self.reject(str(exc), "bad-header")
             return
         req = Request(header, frame)
+        self.client_id = header.client_id or ""
         try:
             for stage in self.stages.for_request(header.api_key, header.api_version):
                 if stage.on_request(req):
@@ -268,6 +277,8 @@ class Pipeline(ConnectionFlow):
         """``req`` (``nbytes`` on the wire) goes upstream now: count it, queue its entry if a
         response comes, and apply the throttle its stages decided."""
         self.traffic(req.header.api_key).request(nbytes)
+        self.requests_in += 1
+        self.bytes_in += nbytes
         if expects_response:
             entry = self.entry_for(req, counted=False)
             if req.throttle_ms:
@@ -295,6 +306,8 @@ class Pipeline(ConnectionFlow):
         header = req.header
         if counted:
             self.traffic(header.api_key).request(len(req.frame) + 4)
+            self.requests_in += 1
+            self.bytes_in += len(req.frame) + 4
         entry = InFlight(
             header.api_key,
             header.api_version,
@@ -345,6 +358,7 @@ class Pipeline(ConnectionFlow):
             entry = self.in_flight.popleft()
             assert entry.local_response is not None
             self.client.writelines((SIZE.pack(len(entry.local_response)), entry.local_response))
+            self.bytes_out += len(entry.local_response) + 4
             if entry.throttle_ms:
                 self.mute(entry.throttle_ms)
             self._answered(entry)
@@ -412,6 +426,7 @@ class Pipeline(ConnectionFlow):
                 return
         upstream = now - entry.sent_at
         self.traffic(entry.api_key).response(len(frame) + 4, upstream)
+        self.bytes_out += len(frame) + 4
         for watcher in entry.watchers:
             watcher.on_done(entry, upstream * 1000)
         self.client.writelines((SIZE.pack(len(frame)), frame))

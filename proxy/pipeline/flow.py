@@ -100,6 +100,15 @@ class ConnectionFlow:
     def holding(self) -> bool:
         return bool(self._client_pauses & _HOLD_REASONS)
 
+    def throttle_left_ms(self, now: float) -> int:
+        """What is left of the current throttle mute (0: none)."""
+        return max(0, round((self._mute_until - now) * 1000)) if self._mute_until else 0
+
+    @property
+    def pause_reasons(self) -> list[str]:
+        """Why the client side is not read now (throttle, a hold, backpressure), sorted."""
+        return sorted(self._client_pauses)
+
     def frame_overdue(self, now: float, timeout: float) -> bool:
         """True when a request frame has been arriving for longer than ``timeout`` seconds of
         reading time (paused connections are never overdue: we are the ones not reading)."""

@@ -53,6 +53,7 @@ class FrameStreams:
             if any(stage.reads_request_body(key, version) for stage in stages):
                 return
             req = Request(header, bytearray(head.head))
+            conn.client_id = header.client_id or ""
             expects_response = req.expects_response  # acks, from the first bytes
             for stage in stages:
                 stage.on_request(req)
@@ -135,4 +136,5 @@ class FrameStreams:
             self.held.clear()
             self.filter = None
         conn.traffic(entry.api_key).response(self.response_size + 4, conn.loop.time() - entry.sent_at)
+        conn.bytes_out += self.response_size + 4
         conn.sent(entry)

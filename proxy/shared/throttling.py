@@ -172,9 +172,12 @@ class QuotaEnforcer:
         partitions = messages.produce_request_partitions(body)
         self._name_topics(self.produce, partitions)
         now = self.now_ms()
-        decision = self.produce.record(user, client_id, request_size, _usage(partitions), now)
+        usage = _usage(partitions)
+        decision = self.produce.record(user, client_id, request_size, usage, now)
         self._count(ApiKey.PRODUCE, decision, user, client_id, exempt)
         self._hold(True, decision, now, exempt)
+        if exempt:  # measured; owes nothing, takes nothing from a bucket it shares
+            self.produce.unrecord(decision, request_size, usage, now, keep_rates=True)
         throttle = decision.throttle_ms
         new_ids = -1
         if self.producer_ids.active:
@@ -246,6 +249,8 @@ class QuotaEnforcer:
             decision = self.fetch.record(user, client_id, response_size, usage, now)
             self._count(ApiKey.FETCH, decision, user, client_id, exempt)
             self._hold(False, decision, now, exempt)
+            if exempt:  # measured; owes nothing, takes nothing from a bucket it shares
+                self.fetch.unrecord(decision, response_size, usage, now, keep_rates=True)
             throttle = decision.throttle_ms
         request_ms = 0
         if busy is not None and any(p.size for p in parts):

@@ -8,7 +8,7 @@ import pytest
 from proxy.config import ConfigError, parse_config
 from quota.config import ExemptConfig, QuotaConfig
 from quota.exemptions import Exemptions, parse_address
-from quota.manager import ByteRateQuotas
+from quota.manager import ByteRateQuotas, PartitionUsage
 
 BASE = "gateway: {upstream_bootstrap: [b:9092]}\n"
 
@@ -81,12 +81,25 @@ def test_a_malformed_exempt_section_is_refused_with_its_line_and_field(
     assert f"kthrottle.yaml:{line}: {field}" in str(err.value) and why in str(err.value), str(err.value)
 
 
-def test_an_exempt_clients_bytes_still_count_in_its_bucket() -> None:
-    """Measured as everyone else: the quota table records them (the proxy only does not apply
-    the throttle), so /quotas/entity and the metrics show its rate."""
+def test_an_exempt_clients_bytes_are_measured_but_owe_nothing() -> None:
+    """What the enforcer does with an exempt request: decided (the throttle it would have had is
+    reported), then its charge taken back from the buckets but not from the measured rate, so
+    /quotas/entity and the metrics show it, and neither it, once taken off the list, nor the
+    others of a bucket it shares (here a topic's partition) are held back by what it sent."""
     cfg = QuotaConfig.model_validate(
-        {"clients": {"<default>": {"producer_byte_rate": 1000}}, "exempt": {"client_ids": ["ops"]}}
+        {
+            "clients": {"<default>": {"producer_byte_rate": 1000}},
+            "topics": {"t": {"producer.byte.rate": 1000}},
+            "exempt": {"client_ids": ["ops"]},
+        }
     )
     q = ByteRateQuotas(cfg, produce=True, now_ms=0.0)
-    decision = q.record("u", "ops", 50_000, [], 0.0)
-    assert decision.throttle_ms > 0 and decision.client_rate > 1000
+    parts = [PartitionUsage("t", 0, 50_000)]
+    decision = q.record("u", "ops", 50_000, parts, 0.0)
+    assert decision.throttle_ms > 0  # decided, and reported
+    q.unrecord(decision, 50_000, parts, 0.0, keep_rates=True)
+    assert q.clients[decision.bucket].measure(1.0) > 1000  # still measured
+    other = q.record("u", "app", 100, [PartitionUsage("t", 0, 100)], 1.0)
+    assert other.throttle_ms == 0  # the shared partition owes nothing for it
+    again = q.record("u", "ops", 100, [], 2.0)
+    assert again.client_throttle_ms == 0  # nor does its own bucket
