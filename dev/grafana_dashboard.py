@@ -164,6 +164,20 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "compare with the entity's quota in /quotas/entity. Per proxy instance summed.",
             ),
             Panel(
+                "Usage against quota per entity (top 10)",
+                [
+                    (
+                        "topk(10, max by (direction, user, client_id) "
+                        f"(kthrottle_client_quota_usage_ratio{{{SEL}}}))",
+                        "{{direction}} {{user}}/{{client_id}}",
+                    )
+                ],
+                unit="percentunit",
+                width=12,
+                description="Each quota bucket's rate over its quota (1: held at its quota). The "
+                "chart's alerts (metrics.prometheusRule) fire at 80% and 100% sustained 5 minutes.",
+            ),
+            Panel(
                 "Throttle time per entity (top 10)",
                 [
                     (

@@ -16,6 +16,8 @@ bash dev/chromium.sh >/dev/null || echo "setup: no Chromium; test_report_browser
 # The load-balancer tests (replicas behind a real TCP load balancer, the PROXY protocol) need
 # haproxy: Debian's package, installed the same way.
 bash dev/haproxy.sh >/dev/null || echo "setup: no haproxy; the load-balancer tests will say why" >&2
+# The chart's alerting rules are checked by Prometheus's own promtool (Debian's package, fetched).
+bash dev/promtool.sh >/dev/null || echo "setup: no promtool; test_prometheus_rules.py will say why" >&2
 echo "== setup took $((SECONDS - setup_began)) s (virtualenv, Kafka jars, helm, Chromium, haproxy; cached after the first run)" >&2
 
 lint_began=$SECONDS

@@ -98,6 +98,12 @@ class QuotaCollector(Collector):
             "kthrottle_client_byte_rate: usage against quota is the ratio of the two",
             labels=["direction", "user", "client_id"],
         )
+        usage = GaugeMetricFamily(
+            "kthrottle_client_quota_usage_ratio",
+            "Usage against quota of each quota bucket with a series of its own: "
+            "kthrottle_client_byte_rate / kthrottle_client_quota (1: at its quota; alert on it)",
+            labels=["direction", "user", "client_id"],
+        )
         prate = GaugeMetricFamily(
             "kthrottle_partition_byte_rate",
             "Bytes per second of each topic-partition with a topic quota (KIP-1010)",
@@ -123,14 +129,16 @@ class QuotaCollector(Collector):
                 clients = [((a, b), r.measure(now), r.throttled_ms) for (a, b), r in quotas.clients.items()]
                 clients.sort(key=lambda row: -row[1])
                 named = self._bounded(f"clients:{direction}", (rate, throttle), clients, prefix=(direction,))
-            for (a, b), *_values in named:
+            for (a, b), measured, *_values in named:
                 match = quotas.match(a, b) if a or b else None
                 if match is not None:
                     quota.add_metric([direction, a, b], match.quota)
+                    if match.quota > 0:
+                        usage.add_metric([direction, a, b], measured / match.quota)
             parts = [((t, str(p)), r.measure(now), r.throttled_ms) for (t, p), r in quotas.partitions.items()]
             parts.sort(key=lambda row: -row[1])
             self._bounded(f"partitions:{direction}", (prate, pthrottle), parts, prefix=(direction,))
-        yield from (rate, throttle, quota, prate, pthrottle)
+        yield from (rate, throttle, quota, usage, prate, pthrottle)
         if shared:
             yield share
         tracked = GaugeMetricFamily(

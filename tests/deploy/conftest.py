@@ -73,3 +73,23 @@ def hadolint() -> str:
 @pytest.fixture(scope="session")
 def kubernetes_validate() -> str:
     return find_tool("kubernetes-validate")
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """Prometheus's rule checker, from Debian's prometheus package (dev/promtool.sh)."""
+    found = shutil.which("promtool")
+    if found:
+        return found
+    try:
+        out = subprocess.run(
+            ["bash", str(REPO / "dev" / "promtool.sh")],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+        )
+        return out.stdout.strip().splitlines()[-1]
+    except (subprocess.SubprocessError, OSError, IndexError) as exc:
+        unavailable(f"promtool is not installed and dev/promtool.sh could not fetch it ({exc})")
+        raise AssertionError("unreachable") from exc

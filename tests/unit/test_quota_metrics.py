@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from proxy.admin.quota_metrics import OTHER, QuotaCollector
@@ -144,3 +145,27 @@ def test_each_named_bucket_has_its_quota_beside_its_rate() -> None:
         if name == "kthrottle_client_quota"
     }
     assert quotas == {"big": 5000.0, "small": 1000.0}  # small's bucket is its own, at the <default> quota
+
+
+def test_each_named_bucket_has_its_usage_against_its_quota() -> None:
+    """kthrottle_client_quota_usage_ratio: the rate over the quota, what the chart's alerts read."""
+    now = [100.0]
+    cfg = QuotaConfig.model_validate({"clients": {"big": {"producer_byte_rate": 5000}}})
+    enforcer = QuotaEnforcer(cfg, ProxyMetrics(), clock=lambda: now[0])
+    enforcer.produce.record("ANONYMOUS", "big", 40_000, [], enforcer.now_ms())
+    enforcer.produce.record("ANONYMOUS", "free", 40_000, [], enforcer.now_ms())  # no quota: no ratio
+    registry = CollectorRegistry()
+    registry.register(QuotaCollector(enforcer))
+    scraped = _scrape(registry)
+    ratios = {
+        dict(labels)["client_id"]: v
+        for (name, labels), v in scraped.items()
+        if name == "kthrottle_client_quota_usage_ratio"
+    }
+    rates = {
+        dict(labels)["client_id"]: v
+        for (name, labels), v in scraped.items()
+        if name == "kthrottle_client_byte_rate"
+    }
+    assert set(ratios) == {"big"}
+    assert ratios["big"] == pytest.approx(rates["big"] / 5000)
