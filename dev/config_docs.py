@@ -122,6 +122,10 @@ quotas:
   produce_shaping: steady              # or kafka
   max_throttle_ms: 5000                # no byte-rate throttle longer; the rest stays owed
   exempt: {users: [replicator], client_ids: [ops-admin], source_cidrs: [10.20.0.0/16]}
+  client_id_prefixes:                  # generated client ids sharing one bucket
+    app-: {producer_byte_rate: 1048576}
+  groups:
+    etl: {users: [loader, backfill], consumer_byte_rate: 8388608}
   users:
     alice:
       producer_byte_rate: 1048576      # /config/users/alice

@@ -24,6 +24,10 @@ Shape (YAML)::
       clients:
         app-2: {producer_byte_rate: 1048576}   # /config/clients/app-2
         <default>: {consumer_byte_rate: ...}
+      client_id_prefixes:                      # every client id starting app- shares one bucket
+        app-: {producer_byte_rate: 1048576}
+      groups:                                  # principals, or client ids, sharing one bucket
+        etl: {users: [loader, backfill], consumer_byte_rate: 8388608}
       topics:
         orders: {producer.byte.rate: 2097152}  # per partition of topic orders (KIP-1010)
         <default>: {consumer.byte.rate: ...}
@@ -168,6 +172,24 @@ class UserQuotas(ClientQuotas):
 
     clients: dict[str, ClientQuotas] = Field(default_factory=dict)
     """Quotas of (this user, client id) pairs, by client id (<default>: the user's other clients)."""
+
+
+class QuotaGroup(ClientQuotas):
+    """Principals, or client ids, that share one quota: one bucket for all of them."""
+
+    users: list[UserKey] = Field(default_factory=list)
+    """Principals by name (alice, not User:alice): matched after an exact user entry (level 3)."""
+    client_ids: list[str] = Field(default_factory=list)
+    """Client ids, exactly: matched after an exact client-id entry and the client-id prefixes
+    (level 7)."""
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> QuotaGroup:
+        if bool(self.users) == bool(self.client_ids):
+            raise ValueError("a group lists users or client_ids (one of them, not both)")
+        if self.producer_ids_rate is not None:
+            raise ValueError("producer_ids_rate is per user (KIP-936): set it on the users, not a group")
+        return self
 
 
 class TopicQuotas(_Strict):
@@ -338,6 +360,12 @@ class QuotaConfig(_Strict):
     User:alice, which is refused)."""
     clients: dict[str, ClientQuotas] = Field(default_factory=dict)
     """Quotas by client id, <default> for every other client id: /config/clients/<client-id>."""
+    client_id_prefixes: dict[str, ClientQuotas] = Field(default_factory=dict)
+    """Quotas by client-id prefix (app- for app-7f9c..., app-0b31...): every client id starting
+    with the prefix shares one bucket; the longest matching prefix wins; matched after an exact
+    client-id entry (level 7)."""
+    groups: dict[str, QuotaGroup] = Field(default_factory=dict)
+    """Named groups of principals or of client ids sharing one quota (one bucket per group)."""
     topics: dict[str, TopicQuotas] = Field(default_factory=dict)
     """Quotas by topic, a rate per partition (KIP-1010), <default> for every other topic."""
     idle_expiry_seconds: float = Field(3600.0, gt=0)
@@ -361,3 +389,26 @@ class QuotaConfig(_Strict):
                 f"user, not on {', '.join(where)}"
             )
         return self
+
+    @field_validator("client_id_prefixes")
+    @classmethod
+    def _prefixes(cls, value: dict[str, ClientQuotas]) -> dict[str, ClientQuotas]:
+        for prefix, quotas in value.items():
+            if not prefix or prefix == DEFAULT:
+                raise ValueError(f"{prefix!r} is not a prefix: give the start of the client ids")
+            if quotas.producer_ids_rate is not None:
+                raise ValueError(f"{prefix}: {PRODUCER_IDS_RATE} is per user (KIP-936), not per client id")
+        return value
+
+    @field_validator("groups")
+    @classmethod
+    def _one_group_each(cls, value: dict[str, QuotaGroup]) -> dict[str, QuotaGroup]:
+        """A principal or client id in two groups would have two buckets: refused by name."""
+        seen: dict[tuple[str, str], str] = {}
+        for name, group in value.items():
+            for kind, members in (("user", group.users), ("client id", group.client_ids)):
+                for member in members:
+                    other = seen.setdefault((kind, member), name)
+                    if other != name:
+                        raise ValueError(f"{kind} {member!r} is in groups {other} and {name}: one group each")
+        return value

@@ -212,6 +212,7 @@ def entity_state(enforcer: QuotaEnforcer, user: str, client_id: str) -> dict[str
         state: dict[str, Any] = {
             "quota": match.quota if match else None,
             "level": match.level if match else None,
+            "via": match.via if match else None,
             "bucket": {"user": bucket[0], "client_id": bucket[1]},
         }
         if rate is not None:

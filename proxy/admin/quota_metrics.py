@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from proxy.shared.throttling import QuotaEnforcer
+from quota.entities import bucket_quota
 
 OTHER = "__other__"
 HOLD_SCRAPES = 10  # scrapes an entity stays named after it left the busiest
@@ -130,7 +131,7 @@ class QuotaCollector(Collector):
                 clients.sort(key=lambda row: -row[1])
                 named = self._bounded(f"clients:{direction}", (rate, throttle), clients, prefix=(direction,))
             for (a, b), measured, *_values in named:
-                match = quotas.match(a, b) if a or b else None
+                match = bucket_quota(quotas.cfg, (a, b), quotas.key)
                 if match is not None:
                     quota.add_metric([direction, a, b], match.quota)
                     if match.quota > 0:
