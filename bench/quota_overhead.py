@@ -4,10 +4,14 @@ Two proxies run side by side in front of one broker: one with no quotas, one whe
 id matches a quota (a `<default>` client quota, a `<default>` user quota and a topic quota, all
 far above the load, so every request is measured and checked but none is throttled). A load
 generator sends the same small Produce requests through each in turn, cycling through 10,000
-client ids, and the proxies' own CPU time is read from /proc. Prints one JSON line last:
+client ids, and the proxies' own CPU time is read from /proc. A third proxy has the same quotas
+and every operator control on top (a throttle bound, exemptions by user, client id and network,
+ten client-id prefixes and a client-id group that together cover most of the ids), so each
+request also resolves through them. Prints one JSON line last:
 
-  quota_overhead_us_per_request   CPU microseconds per request, quotas on minus quotas off
-  cpu_us_per_request              {off, on}
+  quota_overhead_us_per_request   CPU microseconds per request, all controls on minus quotas off
+  quota_overhead_us_per_request_quotas_only   the KIP quotas alone, minus quotas off
+  cpu_us_per_request              {off, on, controls}
 
 Usage: source dev/setup.sh && python bench/quota_overhead.py [--requests 200000] [--rounds 3]
 """
@@ -86,18 +90,36 @@ def main() -> None:
         "users": {"<default>": {"clients": {"<default>": {"producer_byte_rate": big}}}},
         "topics": {"<default>": {"producer.byte.rate": big}},
     }
+    controls = {
+        **quotas,
+        "max_throttle_ms": 5000,
+        "exempt": {
+            "users": ["ops"],
+            "client_ids": [f"client-{i}" for i in range(0, CLIENT_IDS, 100)],
+            "source_cidrs": ["10.99.0.0/16", "fd00::/16"],
+        },
+        "client_id_prefixes": {f"client-{d}": {"producer_byte_rate": big} for d in range(1, 10)},
+        "groups": {
+            "tools": {
+                "client_ids": [f"client-{i}" for i in range(5, CLIENT_IDS, 50)],
+                "producer_byte_rate": big,
+            }
+        },
+    }
     with KafkaCluster(brokers=1) as cluster:
         cluster.create_topic("overhead")
         with (
             ProxyProcess(gateway_config(cluster, log_level="WARNING")) as off,
             ProxyProcess(gateway_config(cluster, log_level="WARNING", quotas=quotas)) as on,
+            ProxyProcess(gateway_config(cluster, log_level="WARNING", quotas=controls)) as all_on,
         ):
-            measure(off, args.requests // 4)  # warm-up both
-            measure(on, args.requests // 4)
-            results: dict[str, list[float]] = {"off": [], "on": []}
+            proxies = {"off": off, "on": on, "controls": all_on}
+            for proxy in proxies.values():  # warm-up
+                measure(proxy, args.requests // 4)
+            results: dict[str, list[float]] = {name: [] for name in proxies}
             for rnd in range(args.rounds):
-                order = [("off", off), ("on", on)] if rnd % 2 == 0 else [("on", on), ("off", off)]
-                for name, proxy in order:
+                names = list(proxies) if rnd % 2 == 0 else list(reversed(proxies))
+                for name, proxy in [(n, proxies[n]) for n in names]:
                     us = measure(proxy, args.requests)
                     results[name].append(us)
                     print(f"round {rnd} quotas {name}: {us:.1f} us CPU per request", flush=True)
@@ -106,7 +128,8 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "quota_overhead_us_per_request": round(med["on"] - med["off"], 2),
+                "quota_overhead_us_per_request": round(med["controls"] - med["off"], 2),
+                "quota_overhead_us_per_request_quotas_only": round(med["on"] - med["off"], 2),
                 "cpu_us_per_request": {k: round(v, 2) for k, v in med.items()},
                 "distinct_client_ids": CLIENT_IDS,
                 "requests_per_run": args.requests,
