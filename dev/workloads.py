@@ -121,10 +121,11 @@ def steady_producer(
     acked: list[tuple[float, int]],
     value_size: int = 16 * 1024,
     extra: dict[str, Any] | None = None,
+    purge: bool = False,
 ) -> None:
     """librdkafka producing ``offered_bps`` of ``value_size`` values until ``stop`` (``extra``:
     more client settings, e.g. TLS); appends (monotonic time, bytes) per acknowledged message to
-    ``acked``. Batches of 16 KiB, Java's
+    ``acked``; ``purge``: drop the backlog at ``stop`` rather than flush it. Batches of 16 KiB, Java's
     producer's default: what a client has in flight when its connection is muted is read after the
     mute, so Kafka's (and the proxy's) quota lets it through on top of the quota; librdkafka's
     default of 1 MB batches makes that a large share of quota x window."""
@@ -159,6 +160,8 @@ def steady_producer(
             continue
         queued += value_size
         producer.poll(0)
+    if purge:  # over its quota, the backlog would take as long to flush as the quota makes it
+        producer.purge(in_queue=True, in_flight=True)
     producer.flush(30)
 
 

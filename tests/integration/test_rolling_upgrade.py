@@ -134,7 +134,7 @@ def test_a_gateway_rolled_from_the_previous_release_keeps_its_quotas_and_data(
             gw.replace(i, REPO, {"config_version": CONFIG_VERSION})
             steps.append((i, round(at - start, 1), round(wait_for_sharing(gw, 30), 1)))
             assert unreadable(gw) == [0, 0, 0], (steps, gw.logs())
-        time.sleep(4)
+        time.sleep(2)
     finally:
         stop.set()
         for worker in workers:
