@@ -76,6 +76,7 @@ class Pipeline(ConnectionFlow):
         self.upstream_addr = "?"
         peer = origin or client.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.address = parse_address(peer[0] if isinstance(peer, tuple) else None)
         # Large frames are offered for streaming: forwarded as their bytes arrive when no stage
         # needs more of them than their first bytes.
         self.requests = FrameDecoder(server.cfg.max_frame_bytes, stream_from=self.stream_from)
@@ -105,7 +106,6 @@ class Pipeline(ConnectionFlow):
         except Refused as exc:
             self.reject(str(exc), exc.label)
             return
-        self.address = parse_address(peer[0] if isinstance(peer, tuple) else None)
         exempt = server.enforcer.exemptions.source(listener.name, self.address)
         hold_ms = server.enforcer.on_connection(peer[0], exempt) if isinstance(peer, tuple) else 0
         if hold_ms:
