@@ -20,7 +20,7 @@ from pydantic import (
 from pydantic_core.core_schema import ValidationInfo
 
 from protocol.frames import DEFAULT_MAX_FRAME_BYTES
-from quota.config import CONFIG_FILE, CONFIG_VERSION, QuotaConfig
+from quota.config import CONFIG_FILE, CONFIG_VERSION, QuotaConfig, check_networks
 from quota.principal_mapping import DEFAULT_RULES, PrincipalMapper
 from quota.volume_config import VolumeConfig
 
@@ -522,15 +522,7 @@ class ProxyProtocolConfig(Strict):
     @field_validator("trusted_sources")
     @classmethod
     def _networks(cls, value: list[str]) -> list[str]:
-        for item in value:
-            try:
-                ipaddress.ip_network(item, strict=True)
-            except ValueError as exc:
-                hint = ""
-                if "host bits set" in str(exc):
-                    hint = f"; the network is {ipaddress.ip_network(item, strict=False)}"
-                raise ValueError(f"{item!r} is not an address or CIDR network{hint}") from exc
-        return value
+        return check_networks(value)
 
     @model_validator(mode="after")
     def _sources_given(self) -> ProxyProtocolConfig:

@@ -255,6 +255,19 @@ class ProducerIdOptions(_Strict):
 ListenerName = Literal["bootstrap", "brokers", "sidecar"]
 
 
+def check_networks(value: list[str]) -> list[str]:
+    """Networks or single addresses, each strict (no host bits set: the network is named)."""
+    for item in value:
+        try:
+            ipaddress.ip_network(item, strict=True)
+        except ValueError as exc:
+            hint = ""
+            if "host bits set" in str(exc):
+                hint = f"; the network is {ipaddress.ip_network(item, strict=False)}"
+            raise ValueError(f"{item!r} is not an address or CIDR network{hint}") from exc
+    return value
+
+
 class ExemptConfig(_Strict):
     """Clients never throttled, muted, held or refused by any quota, yet measured and captured as
     everyone else (their rates are shown, their requests captured with ``dry_run`` and nothing
@@ -279,15 +292,7 @@ class ExemptConfig(_Strict):
     @field_validator("source_cidrs")
     @classmethod
     def _networks(cls, value: list[str]) -> list[str]:
-        for item in value:
-            try:
-                ipaddress.ip_network(item, strict=True)
-            except ValueError as exc:
-                hint = ""
-                if "host bits set" in str(exc):
-                    hint = f"; the network is {ipaddress.ip_network(item, strict=False)}"
-                raise ValueError(f"{item!r} is not an address or CIDR network{hint}") from exc
-        return value
+        return check_networks(value)
 
     @property
     def any(self) -> bool:
