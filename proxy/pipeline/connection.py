@@ -261,6 +261,7 @@ class Pipeline(ConnectionFlow):
             return
         req = Request(header, frame)
         self.client_id = header.client_id or ""
+        req.exempt = self.exempt(self.client_id)
         try:
             for stage in self.stages.for_request(header.api_key, header.api_version):
                 if stage.on_request(req):
@@ -321,6 +322,7 @@ class Pipeline(ConnectionFlow):
             entry.stages = req.stages + req.watchers
             entry.watchers = req.watchers
         entry.charge_time = req.charge_time
+        entry.exempt = req.exempt
         entry.fetch = req.fetch
         entry.capture = req.capture
         return entry

@@ -54,6 +54,7 @@ class FrameStreams:
                 return
             req = Request(header, bytearray(head.head))
             conn.client_id = header.client_id or ""
+            req.exempt = conn.exempt(conn.client_id)
             expects_response = req.expects_response  # acks, from the first bytes
             for stage in stages:
                 stage.on_request(req)

@@ -73,6 +73,7 @@ class InFlight:
     watchers: tuple[Stage, ...] = ()  # whose on_done runs once the answer went out
     holds_reads: bool = False  # a throttled request: reads stay paused until its response
     charge_time: bool = False  # its upstream time counts against request_percentage
+    exempt: bool = False  # quotas.exempt lets it through (Request.exempt)
     busy: float = 0.0  # seconds the broker spent on it, as far as the proxy can tell
     fetch: FetchRequestInfo | None = None  # set when the fetch quota needs the response
     fetch_charge: FetchCharge | None = None  # what the fetch quota charged its response
@@ -89,6 +90,7 @@ class Request:
         "_body",
         "capture",
         "charge_time",
+        "exempt",
         "fetch",
         "frame",
         "header",
@@ -106,6 +108,7 @@ class Request:
         self.stages: tuple[Stage, ...] = ()
         self.watchers: tuple[Stage, ...] = ()
         self.charge_time = False
+        self.exempt = False  # quotas.exempt: decided once, when the pipeline reads the request
         self.fetch: FetchRequestInfo | None = None
         self.capture: CaptureDraft | None = None
 

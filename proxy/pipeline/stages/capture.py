@@ -79,6 +79,6 @@ class CaptureStage(Stage):
                 entry.api_version,
                 entry.throttle_ms,
                 upstream_ms,
-                server.enforcer.dry_run or conn.exempt(entry.client_id),
+                server.enforcer.dry_run or entry.exempt,
             )
         )

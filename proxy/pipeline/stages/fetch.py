@@ -34,7 +34,7 @@ class FetchStage(Stage):
         conn, enforcer = self.conn, self.enforcer
         header = req.header
         client_id = header.client_id or ""
-        if conn.exempt(client_id):
+        if req.exempt:
             req.fetch = fetch_request_info(header.api_version, req.body)  # charged, never held
             req.want_response(self)
             return False
@@ -67,7 +67,7 @@ class FetchStage(Stage):
             body,
             entry.busy if entry.charge_time else None,
             entry.fetch.grant,
-            exempt := self.conn.exempt(entry.client_id),
+            exempt := entry.exempt,
         )
         entry.fetch_charge = charge
         throttle_ms = 0 if enforcer.dry_run or exempt else charge.throttle_ms

@@ -56,7 +56,7 @@ class MutationStage(Stage):
         state.costs = await admission.resolve_costs(state, conn.server.catalog)
         if conn.closed:
             return
-        exempt = conn.exempt(entry.client_id)
+        exempt = entry.exempt
         decided = await self.enforcer.on_mutation(conn.user, entry.client_id, state, conn.peer, exempt)
         if conn.closed:
             return

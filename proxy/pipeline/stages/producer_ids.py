@@ -30,7 +30,7 @@ class InitProducerIdStage(Stage):
             self._waited.discard(id(req.frame))
         else:
             client_id = req.header.client_id or ""
-            wait = self.enforcer.reserve_producer_id(self.conn.user, client_id, self.conn.exempt(client_id))
+            wait = self.enforcer.reserve_producer_id(self.conn.user, client_id, req.exempt)
             if wait:
                 # Read again once its turn comes (the id it brings is charged already).
                 self._waited.add(id(req.frame))
@@ -48,7 +48,7 @@ class InitProducerIdStage(Stage):
             entry.client_id,
             producer_id,
             reserved=True,
-            exempt=self.conn.exempt(entry.client_id),
+            exempt=entry.exempt,
         )
         entry.throttle_ms = max(entry.throttle_ms, pid_ms)
         return False

@@ -34,7 +34,7 @@ class RequestTimeStage(Stage):
 
     def on_response(self, resp: Response) -> bool:
         entry, enforcer = resp.entry, self.enforcer
-        exempt = self.conn.exempt(entry.client_id)
+        exempt = entry.exempt
         time_ms = enforcer.on_request_time(self.conn.user, entry.client_id, entry.api_key, entry.busy, exempt)
         if time_ms and not enforcer.dry_run and not exempt:
             entry.throttle_ms = max(entry.throttle_ms, time_ms)
