@@ -6,7 +6,6 @@ import bisect
 import contextlib
 import logging
 import re
-import signal
 import statistics
 import subprocess
 import threading
@@ -22,6 +21,7 @@ from dev.harness import KafkaCluster
 from dev.perf_tools import greedy_producer_command
 from dev.proxy_process import ProxyProcess, gateway_config
 from dev.waiting import wait_until
+from dev.workloads import ThrottleWatch
 from tests.integration.clients import close_kafka_python_producer, delivery_errors_into, stop_greedy_producer
 
 pytestmark = pytest.mark.integration
@@ -515,15 +515,14 @@ def test_bad_reload_keeps_last_good_config(kafka_broker: KafkaCluster, tmp_path:
         assert state["producer_byte_rate"]["quota"] == 1000 and state["producer_byte_rate"]["level"] == 7
 
 
-def _free_rate(bootstrap: str, topic: str, seconds: float) -> float:
-    """Bytes per second a free librdkafka producer gets delivered over ``seconds`` of 1 KiB records.
-
-    Timed, not counted: a fixed record count finishes in half a second at this speed, too short to
-    tell a real slowdown from the machine's noise.
-    """
+def _free_run(bootstrap: str, topic: str, seconds: float) -> tuple[float, ThrottleWatch]:
+    """Bytes per second a free librdkafka producer gets delivered over ``seconds`` of 1 KiB
+    records, and the throttle librdkafka saw in the brokers' answers meanwhile."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": 1, "client.id": "free"})
+    watch = ThrottleWatch()
+    settings = {"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": 1, "client.id": "free"}
+    producer = Producer({**settings, **watch.config(250)})
     payload = b"f" * 1024
     delivered = [0]
 
@@ -544,50 +543,50 @@ def _free_rate(bootstrap: str, topic: str, seconds: float) -> float:
         producer.poll(0)
     rate = delivered[0] * 1024 / (time.monotonic() - started)
     assert producer.flush(60) == 0
-    return rate
+    producer.poll(0.3)  # one more statistics report, covering the last answers
+    return rate, watch
 
 
 @pytest.mark.timeout(300)
 def test_client_without_quota_is_unaffected(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
+    """A client with no quota, beside one its quota holds, is never throttled, held or refused.
+
+    Judged by what the free client saw (no throttle time in any answer) and by what it moved,
+    not by comparing its speed alone and beside: it writes as fast as the broker's disk takes
+    it, so that comparison measured the page cache's writeback (17 MiB/s on one machine, 400 on
+    another, drifting by a third within a run), not the proxy.
+    """
     topic = f"q-free-{uuid.uuid4().hex[:6]}"
     slow_topic = f"q-slow-{uuid.uuid4().hex[:6]}"
     kafka_broker.create_topic(topic)
     kafka_broker.create_topic(slow_topic)
-    quotas = _quotas(clients={"throttled": {"producer_byte_rate": 256 * 1024}})
+    quota = 256 * 1024
+    quotas = _quotas(clients={"throttled": {"producer_byte_rate": quota}})
+    applied = {"api": "Produce", "mode": "applied"}
     with ProxyProcess(gateway_config(kafka_broker, quotas=quotas), workdir=tmp_path) as proxy:
         cmd = greedy_producer_command(proxy.bootstrap, slow_topic, "throttled", 10_000_000)
         throttled = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        runs: dict[str, list[float]] = {"alone": [], "together": []}
         try:
             # Past its JVM warm-up and first burst: once throttled, its quota holds it from here on.
-            applied = {"api": "Produce", "mode": "applied"}
             wait_until(
                 lambda: proxy.metric("kthrottle_throttled_requests_total", applied) > 0,
                 60,
                 lambda: f"the quota never throttled the Java producer\n{proxy.log_tail()}",
             )
-            _free_rate(proxy.bootstrap, topic, 2)  # warm-up
-            # Alternate alone, beside, beside, alone, ... (the throttled client paused with SIGSTOP
-            # for the runs alone), so that drift in the machine (page cache writeback, log segments:
-            # the free client writes hundreds of MiB a second) weighs on both sides alike; with
-            # alone always first, the free client's steady slowdown was counted against "beside".
-            for i in range(3):
-                for kind in ("alone", "together") if i % 2 == 0 else ("together", "alone"):
-                    throttled.send_signal(signal.SIGSTOP if kind == "alone" else signal.SIGCONT)
-                    time.sleep(0.5)  # stopped, or going again, before every run alike
-                    runs[kind].append(_free_rate(proxy.bootstrap, topic, 2.0))
+            throttled_before = proxy.metric("kthrottle_throttled_requests_total", applied)
+            rate, watch = _free_run(proxy.bootstrap, topic, 3.0)
+            throttled_during = proxy.metric("kthrottle_throttled_requests_total", applied) - throttled_before
             assert throttled.poll() is None
         finally:
-            throttled.send_signal(signal.SIGCONT)
             throttled.kill()
             throttled.wait(30)
-        # Medians: one run disturbed by the machine (2 cores for broker, proxy and both clients)
-        # must not decide.
-        alone, together = statistics.median(runs["alone"]), statistics.median(runs["together"])
-        assert proxy.metric("kthrottle_throttled_requests_total", {"api": "Produce", "mode": "applied"}) > 0
-        assert together >= 0.8 * alone, (
-            f"free client: {together / MiB:.1f} MiB/s beside, {alone / MiB:.1f} alone"
-        )
+    # The quota was at work on its client all along the free client's run ...
+    assert throttled_during >= 3, f"only {throttled_during} throttled requests beside the free client"
+    # ... and never reached the free client: no answer carried a throttle time (a proxy that
+    # delayed or muted it would have said so, as Kafka does), in reports covering the whole run.
+    assert len(watch.seen) >= 10 and watch.max == 0, f"free client saw throttles {watch.seen}"
+    # Nor was it held to the other's quota, or near it.
+    assert rate >= 8 * quota, f"free client at {rate / MiB:.2f} MiB/s beside a {quota // 1024} KiB/s quota"
 
 
 @pytest.mark.timeout(240)
