@@ -26,9 +26,9 @@ ruff check protocol quota proxy analytics dev tests bench fuzz
 echo "== mypy" >&2
 mypy
 echo "== ruff + mypy took $((SECONDS - lint_began)) s" >&2
-echo "== pytest (the 25 slowest tests are listed at the end)" >&2
+echo "== pytest (the 60 slowest tests are listed at the end)" >&2
 status=0
-python -m pytest -p no:cacheprovider -q -ra --durations=25 --ignore=tests/image --ignore=tests/runtime "$@" || status=$?
+python -m pytest -p no:cacheprovider -q -ra --durations=60 --ignore=tests/image --ignore=tests/runtime "$@" || status=$?
 if [ "$status" != 0 ] || [ $# -gt 0 ]; then
   exit "$status"   # a failure, or a developer's selection: the image step is for the whole run
 fi

@@ -70,6 +70,12 @@ class ProxyMetrics:
             ["api", "mode"],
             registry=r,
         )
+        self.client_id_refused = Counter(
+            "kthrottle_client_id_refused",
+            "Requests refused for having no client id (quotas.client_id_policy.required), by api",
+            ["api"],
+            registry=r,
+        )
         self.throttle_seconds = Counter(
             "kthrottle_throttle_seconds", "Throttle time decided by the proxy, by api", ["api"], registry=r
         )

@@ -14,6 +14,10 @@ Shape (YAML)::
         client_ids: [ops-admin]
         listeners: []                          # bootstrap, brokers or sidecar
         source_cidrs: [10.20.0.0/16]
+      client_id_policy:                        # ids required; empty or shared ids split
+        required: false
+        template: "anon-{principal}-{source_ip}"
+        shared_ids: [rdkafka, producer-*]
       users:
         alice:                                 # /config/users/alice
           producer_byte_rate: 1048576
@@ -48,6 +52,7 @@ user, not on a client id or a (user, client-id) pair.
 from __future__ import annotations
 
 import ipaddress
+import string
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -302,6 +307,77 @@ class ExemptConfig(_Strict):
         return [ipaddress.ip_network(item) for item in self.source_cidrs]
 
 
+TEMPLATE_FIELDS = ("principal", "source_ip", "listener", "client_id")
+"""What a client-id template may name: the connection's principal, source address and listener,
+and the id the client sent (empty, or one of the shared ids)."""
+
+
+def check_template(template: str) -> str:
+    """A client-id template's placeholders, checked at load: only names it can fill, at least one
+    of them (a constant would put every client back into one bucket)."""
+    names = []
+    try:
+        for _text, name, spec, conversion in string.Formatter().parse(template):
+            if name is None:
+                continue
+            if name not in TEMPLATE_FIELDS or spec or conversion:
+                raise ValueError(
+                    f"{{{name}{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}} "
+                    f"is not a placeholder here: use {', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)}"
+                )
+            names.append(name)
+    except ValueError as exc:
+        raise ValueError(f"template {template!r}: {exc}") from None
+    if not names:
+        raise ValueError(
+            f"template {template!r} names nothing of the client, so every id it rewrites would share "
+            "one bucket: put {principal} or {source_ip} in it"
+        )
+    return template
+
+
+class ClientIdPolicyConfig(_Strict):
+    """What a client id must be, and whose bucket an empty or shared one charges. Quotas are kept
+    per client id, so every client without one (or with a library's default, rdkafka, producer-1,
+    kafka-python-3.0.0) would share a single bucket at the <default> client level and throttle
+    each other."""
+
+    required: bool = False
+    """Requests a quota charges (Produce, Fetch, CreateTopics, CreatePartitions, DeleteTopics,
+    InitProducerId) without a client id (empty or null) are refused: answered with
+    POLICY_VIOLATION (44) and a message naming this setting, nothing forwarded, and counted in
+    kthrottle_client_id_refused_total; an acks=0 Produce, which has no answer, closes its
+    connection. Other requests (ApiVersions, Metadata, SASL, groups) pass, so the client can
+    connect and read the error."""
+    template: str | None = None
+    """The client id the quotas see for a request with an empty id or a shared one, e.g.
+    "anon-{principal}-{source_ip}": each principal and address gets its own bucket. Placeholders:
+    {principal}, {source_ip}, {listener}, {client_id} (the id sent). Capture records, metrics
+    and kthrottle top show the id the quotas saw."""
+    shared_ids: list[str] = Field(default_factory=list)
+    """Client ids many unrelated clients send (a library's default), rewritten by the template as
+    an empty id is; shell-style patterns (producer-*, rdkafka). Needs a template."""
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, value: str | None) -> str | None:
+        return None if value is None else check_template(value)
+
+    @field_validator("shared_ids")
+    @classmethod
+    def _shared_ids(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            if not pattern or not pattern.strip("*?"):
+                raise ValueError(f"{pattern!r} matches every client id: list the shared ids themselves")
+        return value
+
+    @model_validator(mode="after")
+    def _shared_needs_template(self) -> ClientIdPolicyConfig:
+        if self.shared_ids and self.template is None:
+            raise ValueError("shared_ids are rewritten by the template: set template as well")
+        return self
+
+
 class QuotaConfig(_Strict):
     """The quotas, with Kafka's entity levels and key names; reloaded live."""
 
@@ -335,6 +411,8 @@ class QuotaConfig(_Strict):
     rather than on average)."""
     exempt: ExemptConfig = Field(default_factory=ExemptConfig)
     """Clients no quota holds back, still measured and captured."""
+    client_id_policy: ClientIdPolicyConfig = Field(default_factory=ClientIdPolicyConfig)
+    """Client ids required, and empty or shared ids given their own bucket."""
     max_throttle_ms: int | None = Field(None, ge=1, le=3_600_000)
     """No byte-rate throttle (producer_byte_rate, consumer_byte_rate, topic rates) and no
     mutation throttle of a strict version (KIP-599) is longer than this, so a burst cannot hold a

@@ -176,6 +176,17 @@ class Pipeline(ConnectionFlow):
         source = exemptions.source(self.listener.name, self.address)
         return exemptions.request(source, self.user, client_id)
 
+    def read_client_id(self, req: Request) -> None:
+        """Whether ``req`` is exempt (by the id it sent), and the client id its quotas see
+        (``quotas.client_id_policy``): decided once, when the request is read."""
+        sent = req.header.client_id or ""
+        req.exempt = self.exempt(sent)
+        policy = self.server.enforcer.client_id_policy
+        if policy.rewrites and policy.rewritten(sent):
+            source = str(self.address) if self.address is not None else self.peer
+            sent = policy.quota_client_id(sent, self.user, source, self.listener.name)
+        req.client_id = self.client_id = sent
+
     def close(self, reason: str | None = None, *, level: int = logging.WARNING) -> None:
         """Close both sides once; ``reason`` is logged with the client's address."""
         if self.closed:
@@ -260,8 +271,7 @@ class Pipeline(ConnectionFlow):
             self.reject(str(exc), "bad-header")
             return
         req = Request(header, frame)
-        self.client_id = header.client_id or ""
-        req.exempt = self.exempt(self.client_id)
+        self.read_client_id(req)
         try:
             for stage in self.stages.for_request(header.api_key, header.api_version):
                 if stage.on_request(req):
@@ -315,7 +325,7 @@ class Pipeline(ConnectionFlow):
             header.correlation_id,
             self.loop.time(),
             None,
-            header.client_id or "",
+            req.client_id,
         )
         entry.throttle_ms = req.throttle_ms
         if req.stages or req.watchers:

@@ -53,8 +53,7 @@ class FrameStreams:
             if any(stage.reads_request_body(key, version) for stage in stages):
                 return
             req = Request(header, bytearray(head.head))
-            conn.client_id = header.client_id or ""
-            req.exempt = conn.exempt(conn.client_id)
+            conn.read_client_id(req)
             expects_response = req.expects_response  # acks, from the first bytes
             for stage in stages:
                 stage.on_request(req)

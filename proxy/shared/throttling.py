@@ -22,6 +22,7 @@ from protocol.schema import message_codec
 from proxy.metrics import ProxyMetrics
 from proxy.ratelog import RateLimitedLog
 from proxy.shared.topic_names import TopicNames
+from quota.client_id_policy import ClientIdPolicy
 from quota.cluster import ClusterLink
 from quota.cluster_mutations import LogAdmission, MutationLog
 from quota.cluster_report import MutationRecord
@@ -110,6 +111,7 @@ class QuotaEnforcer:
         self.request_time = RequestTimeQuotas(cfg, now)
         self.connections = ConnectionRateQuotas(cfg, now)
         self.exemptions = Exemptions(cfg.exempt)
+        self.client_id_policy = ClientIdPolicy(cfg.client_id_policy)
         # One quota across gateway replicas (proxy/shared/cluster_quotas.py), while the exchange runs.
         self.cluster: ClusterLink | None = None
         self.mutation_log = MutationLog()  # cluster-wide KIP-599 buckets, replayed from the topic
@@ -161,6 +163,7 @@ class QuotaEnforcer:
         self.request_time.reconfigure(cfg)
         self.connections.reconfigure(cfg)
         self.exemptions = Exemptions(cfg.exempt)
+        self.client_id_policy = ClientIdPolicy(cfg.client_id_policy)
 
     # --- produce ---------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from proxy.pipeline.stages.addresses import AddressStage
 from proxy.pipeline.stages.base import Connection, InFlight, Request, Response, Stage, StageFactory
 from proxy.pipeline.stages.capture import CaptureStage
 from proxy.pipeline.stages.chain import StageChain, StageSet
+from proxy.pipeline.stages.client_id_policy import ClientIdRequired
 from proxy.pipeline.stages.fetch import FetchStage
 from proxy.pipeline.stages.mutations import MutationStage
 from proxy.pipeline.stages.produce import ProduceStage
@@ -36,6 +37,7 @@ def proxy_stages(host: Host) -> StageSet:
     if quota_api is not None:
         factories.append(lambda conn: QuotaApiStage(conn, quota_api))
     factories += [
+        lambda conn: ClientIdRequired(conn, enforcer),
         lambda conn: ProduceStage(conn, enforcer, volume, capture is not None),
         lambda conn: FetchStage(conn, enforcer),
         SaslStage,

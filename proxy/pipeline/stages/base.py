@@ -90,6 +90,7 @@ class Request:
         "_body",
         "capture",
         "charge_time",
+        "client_id",
         "exempt",
         "fetch",
         "frame",
@@ -109,6 +110,7 @@ class Request:
         self.watchers: tuple[Stage, ...] = ()
         self.charge_time = False
         self.exempt = False  # quotas.exempt: decided once, when the pipeline reads the request
+        self.client_id = header.client_id or ""  # the id its quotas see (quotas.client_id_policy)
         self.fetch: FetchRequestInfo | None = None
         self.capture: CaptureDraft | None = None
 
@@ -227,6 +229,7 @@ class Connection(Protocol):
     in_flight: deque[InFlight]
 
     def exempt(self, client_id: str) -> bool: ...
+    def read_client_id(self, req: Request) -> None: ...
     def reject(self, reason: str, label: str) -> None: ...
     def close(self, reason: str | None = None, *, level: int = ...) -> None: ...
     def mute(self, throttle_ms: int) -> None: ...

@@ -33,7 +33,7 @@ class FetchStage(Stage):
     def on_request(self, req: Request) -> bool:
         conn, enforcer = self.conn, self.enforcer
         header = req.header
-        client_id = header.client_id or ""
+        client_id = req.client_id
         if req.exempt:
             req.fetch = fetch_request_info(header.api_version, req.body)  # charged, never held
             req.want_response(self)

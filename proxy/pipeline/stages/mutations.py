@@ -29,7 +29,7 @@ class MutationStage(Stage):
 
     def on_request(self, req: Request) -> bool:
         conn, header = self.conn, req.header
-        if not self.capture and not self.enforcer.mutation_quota_applies(conn.user, header.client_id or ""):
+        if not self.capture and not self.enforcer.mutation_quota_applies(conn.user, req.client_id):
             return False
         body = req.body
         charge_validate_only = conn.server.cfg.quotas.mutations.charge_validate_only

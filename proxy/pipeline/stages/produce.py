@@ -33,7 +33,7 @@ class ProduceStage(Stage):
 
     def on_request(self, req: Request) -> bool:
         conn, enforcer = self.conn, self.enforcer
-        client_id = req.header.client_id or ""
+        client_id = req.client_id
         exempt = req.exempt
         if enforcer.produce.active and not exempt:
             wait = enforcer.hold_ms(True, conn.user, client_id)

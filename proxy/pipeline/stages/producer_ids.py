@@ -29,7 +29,7 @@ class InitProducerIdStage(Stage):
         if waited:
             self._waited.discard(id(req.frame))
         else:
-            client_id = req.header.client_id or ""
+            client_id = req.client_id
             wait = self.enforcer.reserve_producer_id(self.conn.user, client_id, req.exempt)
             if wait:
                 # Read again once its turn comes (the id it brings is charged already).

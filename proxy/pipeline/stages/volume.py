@@ -100,7 +100,7 @@ class VolumeParking:
             "conn %d (%s, %s): produce not forwarded, volumes paused (%s)",
             conn.id,
             conn.user,
-            req.header.client_id,
+            req.client_id,
             why,
         )
         if entry is None:
