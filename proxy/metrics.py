@@ -89,7 +89,16 @@ class ProxyMetrics:
         )
         self.quota_throttles = Counter(
             "kthrottle_quota_throttles",
-            "Requests throttled by producer_ids_rate or request_percentage, by api, quota and mode",
+            "Requests throttled by producer_ids_rate, request_percentage or a consumer-group rate "
+            "(join_group_rate, rejoin_group_rate, sync_group_rate, offset_commit_rate), by api, "
+            "quota and mode",
+            ["api", "quota", "mode"],
+            registry=r,
+        )
+        self.group_requests_held = Counter(
+            "kthrottle_group_requests_held",
+            "Group requests (JoinGroup, SyncGroup, OffsetCommit) that waited in the proxy because "
+            "their entity's group rate owed, by api, quota and mode",
             ["api", "quota", "mode"],
             registry=r,
         )

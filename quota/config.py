@@ -27,6 +27,7 @@ Shape (YAML)::
         <default>: {...}                       # /config/users/<default> (and its clients)
       clients:
         app-2: {producer_byte_rate: 1048576}   # /config/clients/app-2
+        worker: {join_group_rate: 0.05}        # group guard rails (quota/group_requests.py)
         <default>: {consumer_byte_rate: ...}
       client_id_prefixes:                      # every client id starting app- shares one bucket
         app-: {producer_byte_rate: 1048576}
@@ -145,6 +146,17 @@ class ClientQuotas(_Strict):
     controller_window.num x size x rate."""
     producer_ids_rate: Rate | None = Field(None, gt=0)
     """New producer ids per second (KIP-936); on a user or the <default> user only."""
+    join_group_rate: Rate | None = Field(None, gt=0)
+    """JoinGroup requests of new members (no member id yet: a consumer starting, or restarting in
+    a crash loop) per second; one over it waits in the proxy before the group coordinator sees
+    it. A token bucket whose burst is window.num x size x rate; per replica."""
+    rejoin_group_rate: Rate | None = Field(None, gt=0)
+    """JoinGroup requests of members rejoining with their member id, per second (a rebalance
+    asks each member for one; a client rejoining by itself again and again is a storm)."""
+    sync_group_rate: Rate | None = Field(None, gt=0)
+    """SyncGroup requests per second."""
+    offset_commit_rate: Rate | None = Field(None, gt=0)
+    """OffsetCommit requests per second (a consumer committing after every record)."""
     scope: Literal["instance", "cluster"] | None = None
     """Where the entity's byte rates, controller_mutation_rate and producer_ids_rate hold, when
     the gateway runs as several replicas. cluster: once across all replicas (the usage goes

@@ -18,6 +18,13 @@ CLIENT_QUOTA_KEYS: Final = (
     PRODUCER_IDS_RATE,
 )
 
+# Consumer-group guard rails: the proxy's own keys (no broker has them), requests per second.
+JOIN_GROUP_RATE: Final = "join_group_rate"
+REJOIN_GROUP_RATE: Final = "rejoin_group_rate"
+SYNC_GROUP_RATE: Final = "sync_group_rate"
+OFFSET_COMMIT_RATE: Final = "offset_commit_rate"
+GROUP_RATE_KEYS: Final = (JOIN_GROUP_RATE, REJOIN_GROUP_RATE, SYNC_GROUP_RATE, OFFSET_COMMIT_RATE)
+
 # KIP-1010 topic-partition quotas use Kafka's topic config spelling.
 TOPIC_PRODUCER_BYTE_RATE: Final = "producer.byte.rate"
 TOPIC_CONSUMER_BYTE_RATE: Final = "consumer.byte.rate"

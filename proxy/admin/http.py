@@ -244,6 +244,7 @@ def entity_state(enforcer: QuotaEnforcer, user: str, client_id: str) -> dict[str
     out[CONTROLLER_MUTATION_RATE] = enforcer.mutations.state(user, client_id, now)
     out[REQUEST_PERCENTAGE] = enforcer.request_time.state(user, client_id, now)
     out[PRODUCER_IDS_RATE] = enforcer.producer_ids.state(user, now)
+    out.update(enforcer.groups.state(user, client_id, now))
     return out
 
 

@@ -30,6 +30,7 @@ from quota.config import QuotaConfig
 from quota.connections import ConnectionRateQuotas
 from quota.entities import Bucket
 from quota.exemptions import Exemptions
+from quota.group_requests import GroupRequestQuotas
 from quota.manager import ByteRateQuotas, Decision, FetchGrant, PartitionUsage
 from quota.mutations import Admission, MutationQuotas
 from quota.producer_ids import ProducerIdQuotas
@@ -110,6 +111,7 @@ class QuotaEnforcer:
         self.producer_ids = ProducerIdQuotas(cfg, now)
         self.request_time = RequestTimeQuotas(cfg, now)
         self.connections = ConnectionRateQuotas(cfg, now)
+        self.groups = GroupRequestQuotas(cfg, now)
         self.exemptions = Exemptions(cfg.exempt)
         self.client_id_policy = ClientIdPolicy(cfg.client_id_policy)
         # One quota across gateway replicas (proxy/shared/cluster_quotas.py), while the exchange runs.
@@ -150,6 +152,7 @@ class QuotaEnforcer:
             self.producer_ids,
             self.request_time,
             self.connections,
+            self.groups,
         )
         return sum(table.maybe_expire(now) for table in tables)
 
@@ -162,6 +165,7 @@ class QuotaEnforcer:
         self.producer_ids.reconfigure(cfg)
         self.request_time.reconfigure(cfg)
         self.connections.reconfigure(cfg)
+        self.groups.reconfigure(cfg, self.now_ms())
         self.exemptions = Exemptions(cfg.exempt)
         self.client_id_policy = ClientIdPolicy(cfg.client_id_policy)
 
@@ -410,6 +414,40 @@ class QuotaEnforcer:
                 exempt,
             )
         return decision.throttle_ms
+
+    # --- consumer-group guard rails --------------------------------------------------------
+
+    def group_request_wait(self, key: str, user: str, client_id: str, api: str, exempt: bool = False) -> int:
+        """How long a group request waits before the coordinator sees it: while its bucket owes
+        (GroupRequestQuotas.wait_ms); 0 in a dry run or for an exempt client (reported only)."""
+        wait = self.groups.wait_ms(key, user, client_id, self.now_ms())
+        if not wait:
+            return 0
+        mode = self._mode(exempt)
+        self.metrics.group_requests_held.labels(api, key, mode).inc()
+        throttle_log.log(
+            logging.INFO,
+            key,
+            "%s from user %s, client %s waits %d ms: over %s (%s)",
+            api,
+            user,
+            client_id,
+            wait,
+            key,
+            mode,
+        )
+        return 0 if self.dry_run or exempt else wait
+
+    def on_group_request(self, key: str, user: str, client_id: str, api: str, exempt: bool = False) -> int:
+        """Charge a group request going on to the coordinator; the throttle its answer carries
+        (0 in a dry run or for an exempt client, whose requests charge nothing)."""
+        if exempt:
+            return 0
+        decision = self.groups.record(key, user, client_id, self.now_ms())
+        if decision.throttle_ms:
+            quota = decision.match.quota if decision.match else 0.0
+            self._throttled(api, decision.throttle_ms, key, user, client_id, f"over {quota:g}/s")
+        return 0 if self.dry_run else decision.throttle_ms
 
     # --- connection rate (KIP-612) ------------------------------------------------------------
 

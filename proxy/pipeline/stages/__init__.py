@@ -10,6 +10,7 @@ from proxy.pipeline.stages.capture import CaptureStage
 from proxy.pipeline.stages.chain import StageChain, StageSet
 from proxy.pipeline.stages.client_id_policy import ClientIdRequired
 from proxy.pipeline.stages.fetch import FetchStage
+from proxy.pipeline.stages.group_requests import GroupRequestStage
 from proxy.pipeline.stages.mutations import MutationStage
 from proxy.pipeline.stages.produce import ProduceStage
 from proxy.pipeline.stages.producer_ids import InitProducerIdStage
@@ -44,6 +45,7 @@ def proxy_stages(host: Host) -> StageSet:
         lambda conn: RequestTimeStage(conn, enforcer),
         lambda conn: MutationStage(conn, enforcer, capture is not None),
         lambda conn: InitProducerIdStage(conn, enforcer),
+        lambda conn: GroupRequestStage(conn, enforcer),
         AddressStage,
     ]
     return StageSet(factories, enforcer)
