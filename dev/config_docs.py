@@ -107,8 +107,13 @@ upstream_tls:                 # the proxy's connections to the brokers
   keyfile: /etc/kthrottle/tls/upstream/tls.key
   check_hostname: true
 """,
+    "client_sasl": """\
+client_sasl:                  # how OAUTHBEARER and GSSAPI logins are named
+  oauthbearer_sub_claim: sub
+  principal_mapping_rules: ["RULE:([^\\\\/@]*)(\\\\/.*)?@EXAMPLE.COM/$1/L", DEFAULT]
+""",
     "upstream_sasl": """\
-upstream_sasl: {username: kthrottle, password_file: /etc/kthrottle/password}
+upstream_sasl: {username: kthrottle, password_file: /etc/kthrottle/password, mechanism: SCRAM-SHA-512}
 """,
     "proxy_protocol": """\
 proxy_protocol:               # off unless listeners are named

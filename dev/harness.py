@@ -534,10 +534,14 @@ class KafkaCluster:
             props["listeners"] += "," + sasl
             props["advertised.listeners"] += "," + sasl
             props["listener.security.protocol.map"] += ",SASL_PLAINTEXT:SASL_PLAINTEXT"
-            props["sasl.enabled.mechanisms"] = "PLAIN,SCRAM-SHA-256"
+            # OAUTHBEARER with Kafka's unsecured JWS validator (its default without a handler):
+            # clients make their own unsigned tokens, as Kafka's own tests and quick starts do.
+            oauth_module = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
+            props["sasl.enabled.mechanisms"] = "PLAIN,SCRAM-SHA-256,OAUTHBEARER"
             jaas = "listener.name.sasl_plaintext.{}.sasl.jaas.config"
             props[jaas.format("plain")] = f"{plain_module} required {plain_users};"
             props[jaas.format("scram-sha-256")] = f"{scram_module} required;"
+            props[jaas.format("oauthbearer")] = f"{oauth_module} required;"
         for name, (bound, advertised) in node.relayed.items():
             props["listeners"] += f",{name}://{node.host}:{bound}"
             props["advertised.listeners"] += f",{name}://{node.host}:{advertised}"

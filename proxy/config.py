@@ -159,6 +159,27 @@ class ListenerTls(TlsFiles):
         return self
 
 
+class ClientSasl(Strict):
+    """How clients logging in with OAUTHBEARER or GSSAPI are named (PLAIN and SCRAM name
+    themselves): the proxy reads the name from the exchange it forwards and believes it once
+    the broker accepts the login."""
+
+    oauthbearer_sub_claim: str = Field("sub", min_length=1)
+    """The JWT claim naming an OAUTHBEARER client, as the brokers' sasl.oauthbearer.sub.claim.name
+    (a token without one, or an opaque token, is named by its authorization id, or left unnamed)."""
+    principal_mapping_rules: list[str] = Field(default_factory=lambda: list(DEFAULT_RULES))
+    """Rules from the name an OAUTHBEARER or GSSAPI login shows (a token's subject, a Kerberos
+    principal such as alice/host@EXAMPLE.COM) to the principal quotas know, in
+    principal_mapping_rules' syntax (RULE:(.*)@EXAMPLE.COM/$1/L): write what the brokers'
+    sasl.kerberos.principal.to.local.rules do. A name no rule maps is left unnamed and logged."""
+
+    @field_validator("principal_mapping_rules")
+    @classmethod
+    def _rules(cls, value: list[str]) -> list[str]:
+        PrincipalMapper(value)
+        return value
+
+
 class UpstreamTls(TlsFiles):
     """TLS from the proxy to the brokers: the CA that signed them and, for brokers that want
     client certificates, the proxy's own."""
@@ -272,8 +293,8 @@ class SidecarConfig(Strict):
 class UpstreamSasl(Strict):
     """The proxy's own login, for its broker discovery when the upstream listener needs SASL."""
 
-    mechanism: Literal["PLAIN"] = "PLAIN"
-    """The SASL mechanism (PLAIN only)."""
+    mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    """The SASL mechanism."""
     username: str = Field(min_length=1)
     """The proxy's own user name."""
     password: str | None = None
@@ -584,6 +605,8 @@ class ProxyConfig(Strict):
     """TLS on the client-facing listeners."""
     upstream_tls: UpstreamTls = Field(default_factory=UpstreamTls)
     """TLS on every connection the proxy makes to a broker."""
+    client_sasl: ClientSasl = Field(default_factory=ClientSasl)
+    """How clients logging in with OAUTHBEARER or GSSAPI are named."""
     upstream_sasl: UpstreamSasl | None = None
     """The proxy's own SASL login to the brokers (discovery, the exchanges, the Kafka capture
     sink); client connections keep their own SASL exchange, which the proxy forwards."""

@@ -8,6 +8,7 @@ import logging
 import ssl
 import time
 
+from protocol.sasl import SaslNaming
 from proxy.admin.pending_requests import PendingRequestsCollector, warn_stalled
 from proxy.admin.quota_metrics import QuotaCollector
 from proxy.capture.writer import CaptureWriter, instance_name
@@ -17,7 +18,7 @@ from proxy.net.brokers import BrokerDirectory
 from proxy.net.proxy_protocol import HeaderProtocol, Origin, ProxyProtocolGate
 from proxy.net.tls import ListenerTlsContext, upstream_context
 from proxy.net.transports import ClientProtocol
-from proxy.net.upstream_client import PlainCredentials, UpstreamLogin, fetch_brokers
+from proxy.net.upstream_client import Credentials, UpstreamLogin, fetch_brokers
 from proxy.pipeline.connection import Pipeline
 from proxy.pipeline.host import Listener
 from proxy.pipeline.stages import proxy_stages
@@ -30,6 +31,7 @@ from proxy.shared.topic_lookup import TopicIdLookup
 from proxy.shared.topic_names import TopicNames
 from proxy.shared.volume_service import VolumeService
 from quota.entities import any_cluster_scope
+from quota.principal_mapping import PrincipalMapper
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,7 @@ class ProxyServer:
     def __init__(self, cfg: ProxyConfig, metrics: ProxyMetrics | None = None) -> None:
         self.cfg = cfg
         self.metrics = metrics or ProxyMetrics()
+        self._sasl_naming: tuple[object, SaslNaming] | None = None
         # TLS files that do not load refuse the start (TlsConfigError names them).
         self.tls = ListenerTlsContext(cfg.tls, on_failure=self._handshake_failed) if cfg.tls.enabled else None
         self.upstream_tls = upstream_context(cfg.upstream_tls)
@@ -213,11 +216,20 @@ class ProxyServer:
         """The TLS context for connections to brokers (the newest certificates), if configured."""
         return self.upstream_tls.current() if self.upstream_tls is not None else None
 
+    def sasl_naming(self) -> SaslNaming:
+        """How this config names OAUTHBEARER and GSSAPI logins (made once per config: a reload
+        applies to connections made after it)."""
+        cfg = self.cfg.client_sasl
+        if self._sasl_naming is None or self._sasl_naming[0] is not cfg:
+            mapper = PrincipalMapper(cfg.principal_mapping_rules).name
+            self._sasl_naming = (cfg, SaslNaming(cfg.oauthbearer_sub_claim, mapper))
+        return self._sasl_naming[1]
+
     def upstream_login(self) -> UpstreamLogin:
         """The proxy's own way in to the brokers: TLS and SASL login, as configured (read at each
         use, so rotated files apply)."""
         sasl = self.cfg.upstream_sasl
-        creds = PlainCredentials(sasl.username, sasl.secret()) if sasl is not None else None
+        creds = Credentials(sasl.username, sasl.secret(), sasl.mechanism) if sasl is not None else None
         return UpstreamLogin(creds, self.upstream_ssl())
 
     async def _refresh_brokers(self, required: bool) -> None:

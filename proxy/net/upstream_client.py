@@ -2,7 +2,7 @@
 
 When the upstream listener requires TLS, the proxy connects with its own TLS context
 (``upstream_tls``); when it requires SASL, the proxy logs in with its own PLAIN credentials
-(``upstream_sasl``) before asking.
+(``upstream_sasl``: PLAIN, or SCRAM with kafka-python's SCRAM client) before asking.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import ssl
 import struct
 from dataclasses import dataclass, field
 from typing import Any
+
+from kafka.net.sasl.scram import ScramClient
 
 from protocol import messages
 from protocol.api_keys import ApiKey
@@ -23,17 +25,18 @@ SASL_AUTHENTICATE_VERSION = 2
 
 
 @dataclass(frozen=True)
-class PlainCredentials:
+class Credentials:
     username: str
     password: str = field(repr=False)
+    mechanism: str = "PLAIN"  # or SCRAM-SHA-256, SCRAM-SHA-512
 
 
 @dataclass(frozen=True)
 class UpstreamLogin:
     """How the proxy itself reaches a broker: over TLS with this context, and logged in with
-    SASL PLAIN; either may be absent."""
+    SASL; either may be absent."""
 
-    sasl: PlainCredentials | None = None
+    sasl: Credentials | None = None
     tls: ssl.SSLContext | None = None
 
 
@@ -56,16 +59,34 @@ class _Connection:
         hsize = response_header_size(api_key, version, frame)
         return messages.decode_response(api_key, version, memoryview(frame)[hsize:])
 
-    async def login(self, creds: PlainCredentials) -> None:
-        shake = await self.call(ApiKey.SASL_HANDSHAKE, SASL_HANDSHAKE_VERSION, {"mechanism": "PLAIN"})
+    async def login(self, creds: Credentials) -> None:
+        mechanism = creds.mechanism
+        shake = await self.call(ApiKey.SASL_HANDSHAKE, SASL_HANDSHAKE_VERSION, {"mechanism": mechanism})
         if shake["error_code"] != 0:
-            raise ConnectionError(f"upstream refused SASL PLAIN (error {shake['error_code']})")
-        token = b"\x00" + creds.username.encode() + b"\x00" + creds.password.encode()
+            offered = ", ".join(shake.get("mechanisms") or [])
+            raise ConnectionError(
+                f"upstream refused SASL {mechanism} (error {shake['error_code']}; it offers {offered})"
+            )
+        if mechanism == "PLAIN":
+            await self._authenticate(
+                creds, b"\x00" + creds.username.encode() + b"\x00" + creds.password.encode()
+            )
+            return
+        scram = ScramClient(creds.username, creds.password, mechanism)
+        server_first = await self._authenticate(creds, scram.first_message())
+        try:
+            scram.process_server_first_message(server_first)
+            server_final = await self._authenticate(creds, scram.final_message())
+            scram.process_server_final_message(server_final)
+        except (ValueError, KeyError) as exc:  # a server that does not prove it knows the password
+            raise ConnectionError(f"upstream SCRAM login as {creds.username}: {exc}") from exc
+
+    async def _authenticate(self, creds: Credentials, token: bytes) -> bytes:
         auth = await self.call(ApiKey.SASL_AUTHENTICATE, SASL_AUTHENTICATE_VERSION, {"auth_bytes": token})
         if auth["error_code"] != 0:
-            raise ConnectionError(
-                f"upstream SASL login as {creds.username} failed: {auth.get('error_message')}"
-            )
+            why = auth.get("error_message")
+            raise ConnectionError(f"upstream SASL {creds.mechanism} login as {creds.username} failed: {why}")
+        return bytes(auth.get("auth_bytes") or b"")
 
 
 async def request(

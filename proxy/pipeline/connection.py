@@ -87,7 +87,7 @@ class Pipeline(ConnectionFlow):
         self.closed = False
         self.user = ANONYMOUS  # the authenticated principal, once the proxy knows it
         self.node_id = listener.node_id  # the broker this connection stands for (None: bootstrap)
-        self.sasl = SaslTracker()
+        self.sasl = SaslTracker(naming=server.sasl_naming())
         self.last_response_at = 0.0
         self.loop = asyncio.get_running_loop()
         self.metrics = server.metrics

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from protocol.sasl import SaslNaming
     from proxy.capture.writer import CaptureWriter
     from proxy.config import ProxyConfig
     from proxy.metrics import ProxyMetrics
@@ -54,5 +55,6 @@ class Host(Protocol):
     draining: bool
 
     def upstream_ssl(self) -> ssl.SSLContext | None: ...
+    def sasl_naming(self) -> SaslNaming: ...
     def pipeline_opened(self, pipeline: Pipeline) -> None: ...
     def pipeline_closed(self, pipeline: Pipeline) -> None: ...

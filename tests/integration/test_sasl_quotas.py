@@ -1,5 +1,6 @@
-"""User quotas with SASL principals: the proxy reads who authenticated (PLAIN, SCRAM) from the
-exchange it forwards, and the broker's verdict decides whether that name is ever charged."""
+"""User quotas with SASL principals: the proxy reads who authenticated (PLAIN, SCRAM, an
+OAUTHBEARER token's subject) from the exchange it forwards, and the broker's verdict decides
+whether that name is ever charged. The proxy's own login to the brokers is SCRAM here."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 USERS = SASL_USERS
 KiB = 1024
-ALICE, BOB, SPECIAL, DEFAULT_CLIENT = 128 * KiB, 384 * KiB, 768 * KiB, 32 * KiB
+ALICE, BOB, SPECIAL, CAROL, DEFAULT_CLIENT = 128 * KiB, 384 * KiB, 768 * KiB, 256 * KiB, 32 * KiB
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +37,15 @@ def sasl_cluster(kafka_sasl_broker: KafkaCluster) -> KafkaCluster:
 def _proxy_config(cluster: KafkaCluster) -> dict[str, object]:
     cfg = gateway_config(cluster)
     cfg["gateway"]["upstream_bootstrap"] = cluster.sasl_bootstrap_servers.split(",")  # type: ignore[index]
-    cfg["upstream_sasl"] = {"username": "alice", "password": USERS["alice"]}
+    cfg["upstream_sasl"] = {"username": "alice", "password": USERS["alice"], "mechanism": "SCRAM-SHA-256"}
+    # An OAUTHBEARER token names carol@EXAMPLE.COM; the mapping rules make it carol.
+    cfg["client_sasl"] = {"principal_mapping_rules": ["RULE:(.*)@EXAMPLE.COM/$1/", "DEFAULT"]}
     cfg["quotas"] = {
         "window": WINDOW,
         "users": {
             "alice": {"producer_byte_rate": ALICE, "clients": {"special": {"producer_byte_rate": SPECIAL}}},
             "bob": {"producer_byte_rate": BOB},
+            "carol": {"producer_byte_rate": CAROL},
         },
         # A shared default client quota: the user quotas above are more specific and win.
         "clients": {"<default>": {"producer_byte_rate": DEFAULT_CLIENT}},
@@ -52,13 +56,16 @@ def _proxy_config(cluster: KafkaCluster) -> dict[str, object]:
 def _producer(bootstrap: str, user: str, password: str, mechanism: str, client_id: str) -> object:
     from confluent_kafka import Producer
 
+    if mechanism == "OAUTHBEARER":  # an unsigned token of librdkafka's own, naming the user
+        login = {"enable.sasl.oauthbearer.unsecure.jwt": True, "sasl.oauthbearer.config": f"principal={user}"}
+    else:
+        login = {"sasl.username": user, "sasl.password": password}
     return Producer(
         {
             "bootstrap.servers": bootstrap,
             "security.protocol": "SASL_PLAINTEXT",
             "sasl.mechanism": mechanism,
-            "sasl.username": user,
-            "sasl.password": password,
+            **login,
             "client.id": client_id,
             "linger.ms": 5,
             "batch.size": 16384,
@@ -69,12 +76,13 @@ def _producer(bootstrap: str, user: str, password: str, mechanism: str, client_i
 
 @pytest.mark.timeout(240)
 def test_each_user_held_to_its_own_quota(sasl_cluster: KafkaCluster, tmp_path: Path) -> None:
-    """alice (PLAIN) and bob (SCRAM) as client "app" get their user quotas, not the <default>
-    client quota; alice as client "special" at the same time gets her (user, client-id) override,
-    a bucket of its own beside her user bucket."""
+    """alice (PLAIN), bob (SCRAM) and carol (OAUTHBEARER) as client "app" get their user quotas,
+    not the <default> client quota; alice as client "special" at the same time gets her (user,
+    client-id) override, a bucket of its own beside her user bucket."""
     runs = {  # label: (user, mechanism, client id, quota, level, bucket)
         "alice": ("alice", "PLAIN", "app", ALICE, 3, {"user": "alice", "client_id": ""}),
         "bob": ("bob", "SCRAM-SHA-256", "app", BOB, 3, {"user": "bob", "client_id": ""}),
+        "carol": ("carol@EXAMPLE.COM", "OAUTHBEARER", "app", CAROL, 3, {"user": "carol", "client_id": ""}),
         "special": (
             "alice",
             "SCRAM-SHA-256",
@@ -93,7 +101,7 @@ def test_each_user_held_to_its_own_quota(sasl_cluster: KafkaCluster, tmp_path: P
 
         def produce(label: str) -> None:
             user, mechanism, client_id = runs[label][:3]
-            producer = _producer(proxy.bootstrap, user, USERS[user], mechanism, client_id)
+            producer = _producer(proxy.bootstrap, user, USERS.get(user, ""), mechanism, client_id)
             payload = b"s" * 1024
             while not stop.is_set():
                 try:
@@ -124,10 +132,11 @@ def test_each_user_held_to_its_own_quota(sasl_cluster: KafkaCluster, tmp_path: P
             for sampler in samplers.values():
                 sampler.close()
         assert not errors, errors[:3]
-        for label, (user, _mech, client_id, quota, level, bucket) in runs.items():
+        for label, (_user, _mech, client_id, quota, level, bucket) in runs.items():
             rate = steady_rate([(t, n * 1024) for t, n in samplers[label].samples], *STEADY, cycle=CYCLE)
             assert abs(rate - quota) / quota < 0.15, f"{label}: {rate / KiB:.0f} KiB/s, quota {quota // KiB}"
-            state = json.loads(proxy.admin_get(f"/quotas/entity?user={user}&client_id={client_id}")[1])
+            principal = bucket["user"]  # as the proxy names it (carol's token, mapped)
+            state = json.loads(proxy.admin_get(f"/quotas/entity?user={principal}&client_id={client_id}")[1])
             assert state["producer_byte_rate"]["level"] == level
             assert state["producer_byte_rate"]["bucket"] == bucket
 
