@@ -95,6 +95,11 @@ class FetchGrant:
     released: bool = False
 
 
+def _named(bucket: Bucket) -> bool:
+    """A group's or prefix's bucket (``<group:N>``, ``<prefix:P>``), not an entity's own."""
+    return any(part.startswith(("<group:", "<prefix:")) for part in bucket)
+
+
 class ByteRateQuotas:
     """``producer_byte_rate`` (produce=True) or ``consumer_byte_rate`` for clients, plus the
     matching KIP-1010 topic-partition quota, with idle state expiring."""
@@ -138,6 +143,22 @@ class ByteRateQuotas:
         self._topic_quotas.clear()
         self._partition_shared.clear()
         self.active = self._any_quota(cfg)
+        self._seed_shared_buckets()
+
+    def _seed_shared_buckets(self) -> None:
+        """A group or client-id prefix bucket new in this config starts from what its members sent
+        recently (the sum of their own rates' samples), as a quota set on a busy client holds from
+        its next request: no fresh bucket's burst for clients already at full speed."""
+        if not (self.cfg.groups or self.cfg.client_id_prefixes):
+            return
+        now = max((rate.last_record_ms for rate in self.clients.values()), default=0.0)
+        members: dict[Bucket, list[SampledRate]] = {}
+        for bucket, rate in self.clients.items():
+            match = None if _named(bucket) else self.match(*bucket)
+            if match is not None and match.via and match.bucket not in self.clients:
+                members.setdefault(match.bucket, []).append(rate)
+        for bucket, rates in members.items():
+            self.clients[bucket] = SampledRate.merged(rates, now)
 
     def _any_quota(self, cfg: QuotaConfig) -> bool:
         """Whether any entity or topic has a quota of this kind (else the proxy skips the work)."""

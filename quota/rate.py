@@ -58,6 +58,30 @@ class SampledRate:
         """Take back a value just recorded (Kafka does this for a fetch it answers empty)."""
         self.record(-value, now_ms)
 
+    @classmethod
+    def merged(cls, rates: list[SampledRate], now_ms: float) -> SampledRate:
+        """One rate measuring what ``rates`` (of one window) measured together: the first's
+        samples, the others' added in (``absorb``)."""
+        first = rates[0]
+        out = cls(first.window, now_ms)
+        out._starts, out._values = list(first._starts), list(first._values)
+        out._current, out.last_record_ms = first._current, first.last_record_ms
+        for other in rates[1:]:
+            out.absorb(other, now_ms)
+        return out
+
+    def absorb(self, other: SampledRate, now_ms: float) -> None:
+        """Add ``other``'s live samples to this rate, each into the sample that covers its start
+        (or the oldest): a shared bucket made from its members' histories measures what they
+        sent together."""
+        self._purge(now_ms)
+        starts = self._starts
+        for start, value in other.samples(now_ms):
+            covering = [i for i, s in enumerate(starts) if s <= start]
+            i = max(covering, key=starts.__getitem__) if covering else starts.index(min(starts))
+            self._values[i] += value
+        self.last_record_ms = max(self.last_record_ms, other.last_record_ms)
+
     def _advance(self, now_ms: float) -> int:
         current = self._current = (self._current + 1) % self.window.num
         if current >= len(self._starts):

@@ -356,22 +356,33 @@ def _rewrite(replica: Any, change: Any) -> None:
     replica.config_path.write_text(yaml.safe_dump(cfg))
 
 
-def test_a_quota_set_on_a_busy_client_bites_at_once_on_every_replica(
+def test_a_quota_set_on_busy_clients_bites_at_once_on_every_replica(
     kafka_cluster3: KafkaCluster, gateway: GatewayReplicas
 ) -> None:
-    """A client producing at twice what its new quota will be, spread over the three replicas;
-    the quota is set (each replica's config reloaded). As on a broker, whose windowed rate holds
-    the client's recent traffic, it holds from the next requests: no burst of a fresh bucket."""
+    """Two clients with generated ids (``late-<random>``), together producing at twice what their
+    new quota will be, spread over the three replicas; a ``client_id_prefixes`` quota for
+    ``late-`` is set (each replica's config reloaded). Their one prefix bucket holds once across
+    the replicas through the exchange, and, as on a broker, whose windowed rate holds the
+    clients' recent traffic, from the next requests: no burst of a fresh bucket."""
     topic = topic_over_three_brokers(kafka_cluster3, "gw-late")
     stop = threading.Event()
-    acked: list[tuple[float, int]] = []
-    thread = threading.Thread(
-        target=steady_producer, args=(gateway.bootstrap, topic, "late-p", 2 * QUOTA, stop, acked)
-    )
-    thread.start()
+    names = [f"late-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    acked: dict[str, list[tuple[float, int]]] = {name: [] for name in names}
+    threads = [
+        threading.Thread(
+            target=steady_producer, args=(gateway.bootstrap, topic, name, QUOTA, stop, acked[name])
+        )
+        for name in names
+    ]
+    for thread in threads:
+        thread.start()
+
+    def together(t_from: float, t_to: float) -> float:
+        return sum(rate_between(a, t_from, t_to) for a in acked.values())
+
     try:
         time.sleep(8)
-        before = rate_between(acked, time.monotonic() - 4, time.monotonic())
+        before = together(time.monotonic() - 4, time.monotonic())
         assert before > 1.6 * QUOTA, before / QUOTA  # no quota yet
         reloads = [
             r.metric("kthrottle_config_reloads_total", {"result": "applied"}) for r in gateway.replicas
@@ -379,7 +390,9 @@ def test_a_quota_set_on_a_busy_client_bites_at_once_on_every_replica(
         for replica in gateway.replicas:
             _rewrite(
                 replica,
-                lambda cfg: cfg["quotas"]["clients"].update({"late-p": {"producer_byte_rate": QUOTA}}),
+                lambda cfg: cfg["quotas"].update(
+                    {"client_id_prefixes": {"late-": {"producer_byte_rate": QUOTA}}}
+                ),
             )
         wait_for(
             lambda: all(
@@ -391,13 +404,21 @@ def test_a_quota_set_on_a_busy_client_bites_at_once_on_every_replica(
         )
         set_at = time.monotonic()
         time.sleep(7)
+        views = [
+            json.loads(r.admin_get(f"/quotas/entity?client_id={names[0]}")[1])["producer_byte_rate"]
+            for r in gateway.replicas
+        ]
     finally:
         stop.set()
-        thread.join(60)
+        for thread in threads:
+            thread.join(60)
         for replica in gateway.replicas:
-            _rewrite(replica, lambda cfg: cfg["quotas"]["clients"].pop("late-p", None))
-    after = rate_between(acked, set_at + 1, set_at + 7)
+            _rewrite(replica, lambda cfg: cfg["quotas"].pop("client_id_prefixes", None))
+    after = together(set_at + 1, set_at + 7)
     assert after <= 1.1 * QUOTA, after / QUOTA  # a fresh bucket's burst would let 2x through for 5 s
+    for view in views:  # one bucket for the prefix, shared by the three replicas
+        assert view["via"] == "prefix:late-" and view["bucket"]["client_id"] == "<prefix:late->", view
+        assert view["cluster"]["shared"] is True, view
 
 
 def test_a_killed_replicas_clients_reconnect_and_the_quota_holds(

@@ -56,6 +56,25 @@ def test_generated_client_ids_share_one_bucket() -> None:
     assert set(q.clients) == {("", "<prefix:app->")}
 
 
+def test_a_prefix_set_on_busy_clients_holds_from_their_next_request() -> None:
+    """Two clients late-a and late-b at 1000 B/s each with no quota; a reload sets 1000 B/s on
+    the prefix late-: their new shared bucket starts from what they sent together recently (as
+    a quota set on one busy client does), so the next request is throttled, not given a burst."""
+    base = {"window": {"num": 11, "size_seconds": 1}}
+    q = ByteRateQuotas(QuotaConfig.model_validate(base), produce=True, now_ms=0.0)
+    for t in range(0, 11_000, 100):
+        for client in ("late-a", "late-b"):
+            q.record("u", client, 100, [], float(t))
+    prefixed = {**base, "client_id_prefixes": {"late-": {P: 1000}}}
+    q.reconfigure(QuotaConfig.model_validate(prefixed))
+    decision = q.record("u", "late-a", 100, [], 11_000.0)
+    assert decision.bucket == ("", "<prefix:late->")
+    assert decision.throttle_ms > 5_000, decision  # 2000 B/s against 1000: owes about 10 s of it
+    # A bucket that already had history keeps it: a second reload adds nothing to it.
+    q.reconfigure(QuotaConfig.model_validate(prefixed))
+    assert q.record("u", "late-b", 0, [], 11_000.0).throttle_ms == decision.throttle_ms
+
+
 @pytest.mark.parametrize(
     ("section", "field", "why"),
     [
