@@ -172,11 +172,16 @@ class QuotaEnforcer:
     # --- produce ---------------------------------------------------------------------------
 
     def on_produce(
-        self, user: str, client_id: str, request_size: int, body: dict[str, Any], exempt: bool = False
+        self,
+        user: str,
+        client_id: str,
+        request_size: int,
+        partitions: list[messages.PartitionBytes],
+        exempt: bool = False,
     ) -> ProduceCharge:
         """Charge a Produce request (header + body bytes; per-partition record bytes; producer ids
-        new to the user, KIP-936). The throttle decided is the largest of the quotas it is over."""
-        partitions = messages.produce_request_partitions(body)
+        new to the user, KIP-936) whose partitions are ``partitions`` (``produce_scan``). The
+        throttle decided is the largest of the quotas it is over."""
         self._name_topics(self.produce, partitions)
         now = self.now_ms()
         usage = _usage(partitions)

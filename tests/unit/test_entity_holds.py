@@ -7,16 +7,17 @@ from typing import Any
 
 from protocol import messages
 from protocol.api_keys import ApiKey
+from protocol.produce_scan import produce_partitions
 from proxy.metrics import ProxyMetrics
 from proxy.shared.throttling import QuotaEnforcer
 from quota.config import QuotaConfig
 from tests.unit.test_messages import _batch
 
 
-def _produce(records: bytes) -> dict[str, Any]:
+def _produce(records: bytes) -> list[messages.PartitionBytes]:
     topic = {"name": "t", "partition_data": [{"index": 0, "records": records}]}
     req = {"transactional_id": None, "acks": -1, "timeout_ms": 1000, "topic_data": [topic]}
-    return messages.decode_request(ApiKey.PRODUCE, 9, messages.encode(ApiKey.PRODUCE, 9, req, response=False))
+    return produce_partitions(9, messages.encode(ApiKey.PRODUCE, 9, req, response=False))
 
 
 def _enforcer(now: list[float], **quotas: Any) -> QuotaEnforcer:

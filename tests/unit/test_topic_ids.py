@@ -48,6 +48,10 @@ def _fetch_response(version: int, records: bytes) -> dict[str, Any]:
     return {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": [topic]}
 
 
+def _partitions(version: int, records: bytes) -> list[messages.PartitionBytes]:
+    return messages.produce_request_partitions(_decoded_produce(version, records))
+
+
 def _decoded_produce(version: int, records: bytes) -> dict[str, Any]:
     wire = messages.encode(ApiKey.PRODUCE, version, _produce_request(version, records), response=False)
     return messages.decode_request(ApiKey.PRODUCE, version, wire)
@@ -139,7 +143,7 @@ def test_produce_topic_quota_holds_by_id_and_by_name(version: int) -> None:
     enforcer, metrics = _enforcer({"producer.byte.rate": 1000}, now)
     enforcer.topic_names.learn(messages.metadata_topic_ids(_metadata([(TOPIC_ID, TOPIC)])))
     records = _batch(-1) * 400  # 46 KB against 1000 B/s per partition over an 11 s window
-    charge = enforcer.on_produce("u", "c", 100, _decoded_produce(version, records))
+    charge = enforcer.on_produce("u", "c", 100, _partitions(version, records))
     assert charge.throttle_ms > 0, "the topic quota was not applied"
     assert charge.partitions[0].topic == TOPIC
     assert _topic_ids_counted(metrics, "unresolved") == 0
@@ -161,7 +165,7 @@ def test_an_unknown_id_is_looked_up_counted_and_charged_once_named() -> None:
     lookups: list[int] = []
     enforcer.lookup_topic_ids = lambda: lookups.append(1)
     records = _batch(-1) * 400
-    first = enforcer.on_produce("u", "c", 100, _decoded_produce(13, records))
+    first = enforcer.on_produce("u", "c", 100, _partitions(13, records))
     # Not known yet: nothing to throttle on now, but counted and a lookup asked for.
     assert first.throttle_ms == 0 and lookups
     assert _topic_ids_counted(metrics, "unresolved") == 1
@@ -171,14 +175,14 @@ def test_an_unknown_id_is_looked_up_counted_and_charged_once_named() -> None:
     assert first.partitions[0].topic == TOPIC  # the capture of that request sees the name too
     # The waiting bytes were charged: the next request is throttled for both.
     now[0] += 0.01
-    second = enforcer.on_produce("u", "c", 100, _decoded_produce(13, _batch(-1)))
+    second = enforcer.on_produce("u", "c", 100, _partitions(13, _batch(-1)))
     assert second.throttle_ms > 0
 
 
 def test_an_id_the_cluster_does_not_know_is_counted_not_dropped_silently() -> None:
     now = [100.0]
     enforcer, metrics = _enforcer({"producer.byte.rate": 1000}, now)
-    enforcer.on_produce("u", "c", 100, _decoded_produce(13, _batch(-1)))
+    enforcer.on_produce("u", "c", 100, _partitions(13, _batch(-1)))
     enforcer.topic_names.learn([(uuid.uuid4().bytes, "something-else")], every_topic=True)
     enforcer.names_found()
     assert _topic_ids_counted(metrics, "unknown") == 1
@@ -234,7 +238,7 @@ async def test_lookup_runs_once_for_many_requests_then_charges_and_writes() -> N
     catalog = _Catalog([(TOPIC_ID, TOPIC)])
     lookup = TopicIdLookup(catalog, enforcer.topic_names, enforcer, min_interval=0.01)  # type: ignore[arg-type]
     enforcer.lookup_topic_ids = lookup.wanted
-    charges = [enforcer.on_produce("u", "c", 100, _decoded_produce(13, _batch(-1) * 100)) for _ in range(5)]
+    charges = [enforcer.on_produce("u", "c", 100, _partitions(13, _batch(-1) * 100)) for _ in range(5)]
     written: list[str] = []
     lookup.after(lambda: written.append(str(charges[0].partitions[0].topic)))
     assert lookup.running
@@ -253,7 +257,7 @@ async def test_lookup_retries_a_failure_then_gives_up_counting() -> None:
     retried = _Catalog([(TOPIC_ID, TOPIC)], failures=1)
     lookup = TopicIdLookup(retried, enforcer.topic_names, enforcer, min_interval=0.001)  # type: ignore[arg-type]
     enforcer.lookup_topic_ids = lookup.wanted
-    enforcer.on_produce("u", "c", 100, _decoded_produce(13, _batch(-1)))
+    enforcer.on_produce("u", "c", 100, _partitions(13, _batch(-1)))
     await _settled(lookup)
     assert retried.asked == 2 and _topic_ids_counted(metrics, "resolved") == 1
 
@@ -261,6 +265,6 @@ async def test_lookup_retries_a_failure_then_gives_up_counting() -> None:
     enforcer.topic_names.learn([], every_topic=True)
     lookup = TopicIdLookup(dead, enforcer.topic_names, enforcer, min_interval=0.001)  # type: ignore[arg-type]
     enforcer.lookup_topic_ids = lookup.wanted
-    enforcer.on_produce("u", "c", 100, _decoded_produce(13, _batch(-1)))
+    enforcer.on_produce("u", "c", 100, _partitions(13, _batch(-1)))
     await _settled(lookup)
     assert dead.asked == ATTEMPTS and _topic_ids_counted(metrics, "unknown") == 1

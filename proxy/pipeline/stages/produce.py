@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from protocol.api_keys import ApiKey
+from protocol.produce_scan import produce_partitions
 from proxy.pipeline.stages.base import Connection, Request, Stage
 from proxy.pipeline.stages.volume import VolumeParking
 from proxy.shared.throttling import QuotaEnforcer
@@ -43,7 +44,9 @@ class ProduceStage(Stage):
                 self._holds.inc()
                 conn.wait_before(req.frame, wait)
                 return True
-        charge = enforcer.on_produce(conn.user, client_id, len(req.frame), req.body, exempt)
+        header = req.header
+        partitions = produce_partitions(header.api_version, memoryview(req.frame)[header.size :])
+        charge = enforcer.on_produce(conn.user, client_id, len(req.frame), partitions, exempt)
         decided = charge.throttle_ms
         if self.parking is not None:
             delay = self.parking.admit(req, charge, exempt)
