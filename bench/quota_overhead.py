@@ -6,8 +6,9 @@ far above the load, so every request is measured and checked but none is throttl
 generator sends the same small Produce requests through each in turn, cycling through 10,000
 client ids, and the proxies' own CPU time is read from /proc. A third proxy has the same quotas
 and every operator control on top (a throttle bound, exemptions by user, client id and network,
-ten client-id prefixes and a client-id group that together cover most of the ids), so each
-request also resolves through them. Prints one JSON line last:
+ten client-id prefixes and a client-id group that together cover most of the ids, a client-id
+policy rewriting shared ids, consumer-group rates), so each request also resolves through them.
+Prints one JSON line last:
 
   quota_overhead_us_per_request   CPU microseconds per request, all controls on minus quotas off
   quota_overhead_us_per_request_quotas_only   the KIP quotas alone, minus quotas off
@@ -92,6 +93,15 @@ def main() -> None:
     }
     controls = {
         **quotas,
+        # Consumer-group rates on every client id (they cost Produce only their stage lookup).
+        "clients": {
+            "<default>": {"producer_byte_rate": big, "join_group_rate": 1.0, "offset_commit_rate": 100.0}
+        },
+        # Empty and shared ids rewritten: every request's id is checked against the patterns.
+        "client_id_policy": {
+            "template": "anon-{principal}-{source_ip}",
+            "shared_ids": ["rdkafka", "producer-*"],
+        },
         "max_throttle_ms": 5000,
         "exempt": {
             "users": ["ops"],

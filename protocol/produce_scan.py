@@ -34,7 +34,7 @@ def produce_partitions(version: int, body: Buffer) -> list[PartitionBytes]:
     end = len(body)
     try:
         if flexible:
-            n, pos = read_uvarint(body, 0)
+            n, pos = _uvarint(body, 0)
             pos += max(n - 1, 0)  # transactional_id (compact nullable string)
         else:
             (n,) = _I16.unpack_from(body, 0)
@@ -49,7 +49,7 @@ def produce_partitions(version: int, body: Buffer) -> list[PartitionBytes]:
                 pos += 16
             else:
                 if flexible:
-                    n, pos = read_uvarint(body, pos)
+                    n, pos = _uvarint(body, pos)
                     n -= 1
                 else:
                     (n,) = _I16.unpack_from(body, pos)
@@ -63,7 +63,11 @@ def produce_partitions(version: int, body: Buffer) -> list[PartitionBytes]:
                 (index,) = _I32.unpack_from(body, pos)
                 pos += 4
                 if flexible:
-                    n, pos = read_uvarint(body, pos)
+                    n = body[pos]  # the one-byte varint inline: the common case, per partition
+                    if n < 0x80:
+                        pos += 1
+                    else:
+                        n, pos = read_uvarint(body, pos)
                     n -= 1
                 else:
                     (n,) = _I32.unpack_from(body, pos)
@@ -76,21 +80,31 @@ def produce_partitions(version: int, body: Buffer) -> list[PartitionBytes]:
                     out.append(_summary(topic, index, body, pos, pos + n))
                     pos += n
                 if flexible:
-                    pos = skip_tagged_fields(body, pos)
+                    pos = pos + 1 if body[pos] == 0 else skip_tagged_fields(body, pos)
             if flexible:
-                pos = skip_tagged_fields(body, pos)
+                pos = _skip_tags(body, pos)
         if flexible:
-            pos = skip_tagged_fields(body, pos)
-    except (struct.error, UnicodeDecodeError) as exc:
+            pos = _skip_tags(body, pos)
+    except (struct.error, UnicodeDecodeError, IndexError) as exc:
         raise SchemaError(f"Produce v{version}: {exc}") from exc
     if pos != end:
         raise SchemaError(f"Produce v{version}: {end - pos} bytes after the request")
     return out
 
 
+def _uvarint(body: Buffer, pos: int) -> tuple[int, int]:
+    """A varint, the one-byte case (nearly every length here) without a call."""
+    b = body[pos]
+    return (b, pos + 1) if b < 0x80 else read_uvarint(body, pos)
+
+
+def _skip_tags(body: Buffer, pos: int) -> int:
+    return pos + 1 if body[pos] == 0 else skip_tagged_fields(body, pos)
+
+
 def _count(body: Buffer, pos: int, flexible: bool) -> tuple[int, int]:
     if flexible:
-        n, pos = read_uvarint(body, pos)
+        n, pos = _uvarint(body, pos)
         return max(n - 1, 0), pos
     (n,) = _I32.unpack_from(body, pos)
     return max(n, 0), pos + 4

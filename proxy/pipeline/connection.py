@@ -95,6 +95,8 @@ class Pipeline(ConnectionFlow):
         # This connection's own traffic, for GET /connections and `kthrottle top`.
         self.opened_at = self.loop.time()
         self.client_id = ""  # of its latest request
+        self._source_exempt: tuple[object, bool] | None = None  # (exemptions, listener/address exempt)
+        self._quota_id: tuple[object, str, str, str] | None = None  # (policy, sent, user, quota id)
         self.requests_in = self.bytes_in = self.bytes_out = 0
         self.stages = server.stages.for_connection(self)
         server.pipeline_opened(self)
@@ -169,22 +171,32 @@ class Pipeline(ConnectionFlow):
     def exempt(self, client_id: str) -> bool:
         """No quota holds this request back (``quotas.exempt``): its user, client id, listener or
         source address is listed. Asked per request: the user changes at a SASL login and the
-        exemptions at a reload."""
+        exemptions at a reload (the listener and address part is kept until one)."""
         exemptions = self.server.enforcer.exemptions
         if not exemptions.any:
             return False
-        source = exemptions.source(self.listener.name, self.address)
-        return exemptions.request(source, self.user, client_id)
+        known = self._source_exempt
+        if known is None or known[0] is not exemptions:
+            known = self._source_exempt = (exemptions, exemptions.source(self.listener.name, self.address))
+        return exemptions.request(known[1], self.user, client_id)
 
     def read_client_id(self, req: Request) -> None:
         """Whether ``req`` is exempt (by the id it sent), and the client id its quotas see
-        (``quotas.client_id_policy``): decided once, when the request is read."""
+        (``quotas.client_id_policy``): decided once, when the request is read. A connection's
+        id seldom changes, so its last answer is kept (until a reload, or a login)."""
         sent = req.header.client_id or ""
         req.exempt = self.exempt(sent)
         policy = self.server.enforcer.client_id_policy
-        if policy.rewrites and policy.rewritten(sent):
-            source = str(self.address) if self.address is not None else self.peer
-            sent = policy.quota_client_id(sent, self.user, source, self.listener.name)
+        if policy.rewrites:
+            last = self._quota_id
+            if last is not None and last[0] is policy and last[1] == sent and last[2] == self.user:
+                sent = last[3]
+            else:
+                seen = sent
+                if policy.rewritten(sent):
+                    source = str(self.address) if self.address is not None else self.peer
+                    sent = policy.quota_client_id(sent, self.user, source, self.listener.name)
+                self._quota_id = (policy, seen, self.user, sent)
         req.client_id = self.client_id = sent
 
     def close(self, reason: str | None = None, *, level: int = logging.WARNING) -> None:
