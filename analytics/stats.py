@@ -1,6 +1,6 @@
 """What the captured traffic looked like, per entity and per topic, in 1-second windows.
 
-All aggregation is Spark DataFrame expressions (no Python UDFs). The records are read in three
+All aggregation is Spark DataFrame expressions (no Python UDFs). The records are read in four
 column-pruned passes, each reduced at once to a per-second table; everything after works on those
 tables, in as few Spark actions as possible (each action has a fixed cost that small tables feel):
 
@@ -14,6 +14,9 @@ tables, in as few Spark actions as possible (each action has a fixed cost that s
    bytes produced and fetched; the topic level is its sums, then the same per-array statistics.
 3. Producer-id pass (ts, principal, producer ids of Produce): the second each (user, producer id)
    was first seen, counted per user and hour.
+4. Throttle pass (api, principal, client id, decided throttle): the throttles decided on Produce
+   and Fetch, counted per 100 ms step (analytics/stats_controls.py, as the client-id families
+   the entity pass also finds: the evidence for the proxy's operator controls).
 
 Definitions (the tables' columns):
 
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -497,6 +501,8 @@ def _entities(
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
+    from analytics.stats_controls import family_table
+
     say("entity pass: bytes, throttle and mutations per second per (user, client-id)")
     pairs = pair_seconds(captures, opts.keep_seconds).persist(StorageLevel.MEMORY_AND_DISK)
     seconds = None
@@ -507,15 +513,19 @@ def _entities(
         took = time.monotonic() - t0
         say(f"entity pass done: {records:,} records, {row[3]:,} entity-seconds, {took:.1f}s")
         span = end_s - start_s + 1
-        wide = _pandas(entity_table(pairs, opts))
-        mseries = _pandas(mutation_seconds(pairs))
-        if opts.keep_seconds:
-            used = F.col("produce_requests") + F.col("fetch_requests") + F.col("init_pid_requests") > 0
-            seconds = _pandas(
-                pairs.where(used).select(
-                    "sec", F.col("user").alias("principal"), "client_id", *ENTITY_SECOND_COLUMNS
+        # The client-id families (small stages) beside the entity table rather than after it.
+        with ThreadPoolExecutor(1, thread_name_prefix="kthrottle-families") as side:
+            families_job = side.submit(family_table, pairs)
+            wide = _pandas(entity_table(pairs, opts))
+            mseries = _pandas(mutation_seconds(pairs))
+            if opts.keep_seconds:
+                used = F.col("produce_requests") + F.col("fetch_requests") + F.col("init_pid_requests") > 0
+                seconds = _pandas(
+                    pairs.where(used).select(
+                        "sec", F.col("user").alias("principal"), "client_id", *ENTITY_SECOND_COLUMNS
+                    )
                 )
-            )
+            families = families_job.result()
     finally:
         pairs.unpersist()
     tables: dict[str, pd.DataFrame] = {"_seconds": seconds} if seconds is not None else {}
@@ -538,6 +548,7 @@ def _entities(
         [*ENTITY_KEYS, "sec"], ignore_index=True
     )
     say(f"mutations: {len(tables['mutations'])} entities, {time.monotonic() - t0:.1f}s")
+    tables["client_families"] = families
     return tables, (records, start_s, end_s)
 
 
@@ -587,26 +598,37 @@ def _producer_ids(captures: DataFrame, say: Progress, t0: float) -> pd.DataFrame
     return hourly
 
 
+def _throttles(captures: DataFrame, say: Progress, t0: float) -> pd.DataFrame:
+    """Pass 4: decided Produce and Fetch throttles (the evidence for a bound on them)."""
+    from analytics.stats_controls import throttle_table
+
+    say("throttle pass: decided Produce and Fetch throttles")
+    out = throttle_table(captures)
+    throttled = int(out["requests"].sum())
+    say(f"throttle pass done: {throttled:,} throttled requests, {time.monotonic() - t0:.1f}s")
+    return out
+
+
 def compute(
     spark: Any, captures: DataFrame, opts: StatsOptions | None = None, progress: Progress | None = None
 ) -> Stats:
     """Every table of the report, as pandas DataFrames, from the capture records.
 
-    The three passes are independent Spark jobs, run from three threads: Spark fills each job's
+    The four passes are independent Spark jobs, run from four threads: Spark fills each job's
     idle cores (single-task stages, the driver's share of the work) with the others' tasks.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     opts = opts or StatsOptions()
     say = progress or (lambda _msg: None)
     t0 = time.monotonic()
-    with ThreadPoolExecutor(3, thread_name_prefix="kthrottle-stats") as pool:
+    with ThreadPoolExecutor(4, thread_name_prefix="kthrottle-stats") as pool:
         entities = pool.submit(_entities, captures, opts, say, t0)
         topics = pool.submit(_topics, captures, opts, say, t0)
         pids = pool.submit(_producer_ids, captures, say, t0)
+        throttles = pool.submit(_throttles, captures, say, t0)
         tables, (records, start_s, end_s) = entities.result()
         topic_tables = topics.result()
         hourly = pids.result()
+        tables["throttle_times"] = throttles.result()
     seconds = None
     if opts.keep_seconds:
         seconds = Seconds(tables.pop("_seconds"), topic_tables.pop("_seconds"))
@@ -625,5 +647,7 @@ def compute(
         "mutation_series",
         "producer_ids",
         "producer_ids_hourly",
+        "client_families",
+        "throttle_times",
     ]
     return Stats({name: tables[name] for name in order}, records, start_s, end_s, seconds)
