@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from analytics.report_html import html_note, html_table
-from analytics.report_text import TOP_ENTITIES, as_text, fmt_ms, fmt_num, fmt_rate, fmt_seconds
+from analytics.report_text import TOP_ENTITIES, as_text, fmt_ms, fmt_num, fmt_rate, fmt_seconds, quota_value
 from analytics.stats_controls import step_percentile
 
 _TABLE_ROWS = TOP_ENTITIES
@@ -28,8 +28,10 @@ def _sentences(tables: Mapping[str, Any], kind: str) -> str:
     out = []
     for r in proposal[proposal["kind"] == kind].to_dict("records"):
         who = f"{as_text(r.get('client_id'))} " if as_text(r.get("client_id")) else ""
-        head = f"{who}{as_text(r.get('key'))}: " + ("written" if r.get("written") else "not written")
-        out.append(html_note(f"{head}. {as_text(r.get('note'))}."))
+        value = quota_value(r.get("key"), r.get("value"))
+        head = f"{who}{as_text(r.get('key'))}" + (f" {value}" if value else "")
+        done = "written" if r.get("written") else "not written"
+        out.append(html_note(f"{head}, {done}: {as_text(r.get('note'))}."))
     return "".join(out)
 
 

@@ -8,15 +8,16 @@ tables, in as few Spark actions as possible (each action has a fixed cost that s
    (second, user, client-id) with produce bytes (request_bytes of Produce, api 0: what Kafka's
    produce quota charges), fetch bytes (response_bytes of Fetch, api 1: what the fetch quota
    charges), throttle ms and partition mutations. The user and client-id levels are its sums
-   (grouping sets), and each entity's seconds are gathered into one array, from which one
-   projection computes its distribution and bursts, and keeps the seconds of the top entities.
+   (grouping sets; also the client-id families, analytics/stats_controls.py), and each entity's
+   seconds are gathered into one array, from which one projection computes its distribution and
+   bursts, and keeps the seconds of the top entities.
 2. Partition pass (ts, api, partitions): one row per (topic, partition, second) with the record-set
    bytes produced and fetched; the topic level is its sums, then the same per-array statistics.
 3. Producer-id pass (ts, principal, producer ids of Produce): the second each (user, producer id)
    was first seen, counted per user and hour.
 4. Throttle pass (api, principal, client id, decided throttle): the throttles decided on Produce
-   and Fetch, counted per 100 ms step (analytics/stats_controls.py, as the client-id families
-   the entity pass also finds: the evidence for the proxy's operator controls).
+   and Fetch, counted per 100 ms step (analytics/stats_controls.py: with the families, the
+   evidence for the proxy's operator controls).
 
 Definitions (the tables' columns):
 
@@ -42,7 +43,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -227,7 +227,7 @@ def _melt(wide: pd.DataFrame, keys: list[str], extra: dict[str, str] | None = No
         for target, source in (extra or {}).items():
             out[target] = wide[source.format(direction=direction)]
         rows.append(out[out["active_s"].fillna(0) > 0] if "active_s" in out else out.iloc[0:0])
-    out = pd.concat(rows, ignore_index=True)
+    out = pd.concat([r for r in rows if not r.empty] or rows[:1], ignore_index=True)
     for c in [*DIST_COLUMNS, "max_burst_s", "bursts"]:
         if c in out:
             out[c] = out[c].astype("int64")
@@ -311,36 +311,68 @@ def pair_seconds(captures: DataFrame, for_replay: bool = False) -> DataFrame:
     )
 
 
-def level_seconds(pairs: DataFrame, columns: list[str]) -> DataFrame:
-    """``columns`` summed per second at the three entity levels; '' for the level's missing key."""
+def level_seconds(pairs: DataFrame, columns: list[str], families: bool = False) -> DataFrame:
+    """``columns`` summed per second at the three entity levels; '' for the level's missing key.
+
+    ``families``: also per client-id family (level ``family``, its prefix as the client_id, for
+    ids with a generated suffix; analytics/stats_controls.py), and the client-id levels carry
+    their id's family as ``prefix`` (null for none): one shuffle for all of them.
+    """
     from pyspark.sql import functions as F
 
     sums = [F.sum(c).alias(c) for c in columns]
+    keys = ["sec", "user", "client_id"]
     sets = [["sec", "user", "client_id"], ["sec", "user"], ["sec", "client_id"]]
-    grouped = pairs.groupingSets(sets, "sec", "user", "client_id").agg(*sums, F.grouping_id().alias("gid"))
-    # grouping_id: bit 1 set when client_id is not grouped by, bit 2 when user is not.
-    level = F.when(F.col("gid") == 0, "user-client").when(F.col("gid") == 1, "user").otherwise("client")
-    return grouped.select(
+    if families:
+        from analytics.stats_controls import family_prefix
+
+        pairs = pairs.withColumn("prefix", family_prefix(F.col("client_id")))
+        keys.append("prefix")  # a function of the client id: no more groups at the client levels
+        sets = [["sec", "user", "client_id", "prefix"], ["sec", "user"], ["sec", "client_id", "prefix"]]
+        sets.append(["sec", "prefix"])
+    grouped = pairs.groupingSets(sets, *keys).agg(*sums, *[F.grouping(k).alias(f"g_{k}") for k in keys[1:]])
+    by_user, by_client = F.col("g_user") == 0, F.col("g_client_id") == 0
+    level = (
+        F.when(by_user & by_client, "user-client")
+        .when(by_user, "user")
+        .when(by_client, "client")
+        .otherwise("family")
+    )
+    client_id = F.coalesce("client_id", F.lit(""))
+    out = grouped.select(
         level.alias("level"),
         F.coalesce("user", F.lit("")).alias("user"),
-        F.coalesce("client_id", F.lit("")).alias("client_id"),
+        (F.when(level == "family", F.col("prefix")).otherwise(client_id) if families else client_id).alias(
+            "client_id"
+        ),
+        *(["prefix"] if families else []),
         "sec",
         *columns,
     )
+    # The ids without a generated suffix are no family.
+    return out.where((F.col("level") != "family") | F.col("client_id").isNotNull()) if families else out
 
 
 def entity_table(pairs: DataFrame, opts: StatsOptions) -> DataFrame:
-    """One row per entity: produce and fetch stats structs, throttle sums, top entities' seconds."""
+    """One row per entity: produce and fetch stats structs, throttle sums, top entities' seconds;
+    its first and last second, the most (user, client-id) pairs it had in one second and its
+    family's prefix; the client-id families as entities of level ``family`` (no seconds kept)."""
     from pyspark.sql import functions as F
 
     summed = ["produce_throttle_ms", "fetch_throttle_ms", "produce_requests", "fetch_requests"]
-    levels = level_seconds(pairs, ["produce_bytes", "fetch_bytes", *summed])
+    columns = ["produce_bytes", "fetch_bytes", *summed, "active_pairs"]
+    levels = level_seconds(pairs.withColumn("active_pairs", F.lit(1)), columns, families=True)
     per_entity = levels.groupBy(*ENTITY_KEYS).agg(
         *_collect(PRODUCE, points=True),
         *_collect(FETCH, points=True),
         *[F.sum(c).alias(c) for c in summed],
+        F.min("sec").alias("first_s"),
+        F.max("sec").alias("last_s"),
+        F.max("active_pairs").alias("peak_pairs"),
+        F.first("prefix", ignorenulls=True).alias("prefix"),
     )
-    return _with_stats(per_entity, ["level"], opts.top_series, opts.burst_factor)
+    not_family = F.col("level") != "family"
+    return _with_stats(per_entity, ["level"], opts.top_series, opts.burst_factor, series_when=not_family)
 
 
 # --- pass 2: topic partitions ----------------------------------------------------------------------
@@ -513,22 +545,20 @@ def _entities(
         took = time.monotonic() - t0
         say(f"entity pass done: {records:,} records, {row[3]:,} entity-seconds, {took:.1f}s")
         span = end_s - start_s + 1
-        # The client-id families (small stages) beside the entity table rather than after it.
-        with ThreadPoolExecutor(1, thread_name_prefix="kthrottle-families") as side:
-            families_job = side.submit(family_table, pairs)
-            wide = _pandas(entity_table(pairs, opts))
-            mseries = _pandas(mutation_seconds(pairs))
-            if opts.keep_seconds:
-                used = F.col("produce_requests") + F.col("fetch_requests") + F.col("init_pid_requests") > 0
-                seconds = _pandas(
-                    pairs.where(used).select(
-                        "sec", F.col("user").alias("principal"), "client_id", *ENTITY_SECOND_COLUMNS
-                    )
+        wide = _pandas(entity_table(pairs, opts))
+        mseries = _pandas(mutation_seconds(pairs))
+        if opts.keep_seconds:
+            used = F.col("produce_requests") + F.col("fetch_requests") + F.col("init_pid_requests") > 0
+            seconds = _pandas(
+                pairs.where(used).select(
+                    "sec", F.col("user").alias("principal"), "client_id", *ENTITY_SECOND_COLUMNS
                 )
-            families = families_job.result()
+            )
     finally:
         pairs.unpersist()
     tables: dict[str, pd.DataFrame] = {"_seconds": seconds} if seconds is not None else {}
+    tables["client_families"] = family_table(wide)
+    wide = wide[wide["level"] != "family"]
     entity = _melt(
         wide, ENTITY_KEYS, {"throttle_ms": "{direction}_throttle_ms", "requests": "{direction}_requests"}
     )
@@ -548,7 +578,6 @@ def _entities(
         [*ENTITY_KEYS, "sec"], ignore_index=True
     )
     say(f"mutations: {len(tables['mutations'])} entities, {time.monotonic() - t0:.1f}s")
-    tables["client_families"] = families
     return tables, (records, start_s, end_s)
 
 
@@ -617,6 +646,8 @@ def compute(
     The four passes are independent Spark jobs, run from four threads: Spark fills each job's
     idle cores (single-task stages, the driver's share of the work) with the others' tasks.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     opts = opts or StatsOptions()
     say = progress or (lambda _msg: None)
     t0 = time.monotonic()

@@ -1,8 +1,7 @@
 """The capture's evidence for the proxy's two operator controls, in the Spark session.
 
 Kafka has neither control; the proxy does (docs/quotas.md), and the tuning job proposes them from
-two small tables computed here beside the others (``analytics.stats.compute`` calls these; the
-rules that read them are in analytics/propose_controls.py):
+two small tables (the rules that read them are in analytics/propose_controls.py):
 
 - ``client_families`` (for ``client_id_prefixes``): client ids told apart only by a generated
   suffix, one per process (``app-7f9c1a``, ``app-0b31e2``: the family ``app-``), each of which a
@@ -10,20 +9,23 @@ rules that read them are in analytics/propose_controls.py):
   it (split at ``-``, ``_`` or ``.``) is a UUID or a hex run with a digit (``7f9c1a``, ``42``);
   an id's *stem* is what is left without its longest generated suffix, separator kept
   (``orders-v2-`` for ``orders-v2-7f9c-3``; ``billing`` and ``app-cafe`` have none). The ids of
-  one stem, at least two, are a family, the stem its prefix. (A prefix quota would also take in
-  other ids starting with it, ``app-admin``, or a family of a longer stem; the proposal names
-  them from ``entity_rates``: one grouping of the per-second table here, not a match of every
-  id against every prefix, keeps this pass cheap.) Columns: prefix, direction, client_ids,
-  peak_ids (most of them with a request in one second), median_life_s (median over the ids of
-  last second - first second + 1), first_s, last_s, requests, and the distribution of the
-  family's bytes per active second (all its ids and users together), as in ``entity_rates``:
-  active_s, total_bytes, p50_bps, p95_bps, p99_bps, max_bps.
-- ``throttle_times`` (for ``max_throttle_ms``): the throttles the proxy decided on Produce and
-  Fetch requests (``decided_throttle_ms`` > 0, applied or not: dry-run captures count), in steps
-  of ``THROTTLE_STEP_MS``. Columns: direction, throttle_ms (the step's upper end: the decided
-  throttle rounded up), requests (decided a throttle in the step), longest_for ((user, client-id)
-  entities whose longest throttle of that direction is in the step). Counts above any whole step
-  are exact, and percentiles are to a step.
+  one stem, at least two, are a family, the stem its prefix. The entity pass sums the families
+  per second in the grouping sets it has anyway (``family_prefix``, level ``family`` in
+  analytics.stats.level_seconds), and ``family_table`` reads them from its table. (A prefix
+  quota would also take in other ids starting with it, ``app-admin``, or those of a longer
+  stem; the proposal names them from ``entity_rates`` rather than this pass matching every id
+  against every prefix.) Columns: prefix, direction, client_ids, peak_ids (most (user,
+  client-id) pairs of the family with a request in one second: its ids at once, when they have
+  one user), median_life_s (median over its ids of last second - first second + 1), first_s,
+  last_s, requests, and the distribution of the family's bytes per active second (all its ids
+  and users together), as in ``entity_rates``: active_s, total_bytes, p50_bps, p95_bps,
+  p99_bps, max_bps.
+- ``throttle_times`` (for ``max_throttle_ms``, a pass of its own, ``throttle_table``): the
+  throttles the proxy decided on Produce and Fetch requests (``decided_throttle_ms`` > 0,
+  applied or not: dry-run captures count), in steps of ``THROTTLE_STEP_MS``. Columns: direction,
+  throttle_ms (the step's upper end: the decided throttle rounded up), requests (decided a
+  throttle in the step), longest_for ((user, client-id) entities whose longest throttle of that
+  direction is in the step). Counts above any whole step are exact, percentiles to a step.
 """
 
 from __future__ import annotations
@@ -34,10 +36,10 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from analytics.stats import DIRECTIONS, DIST_COLUMNS, FETCH, PRODUCE, _collect, _melt, _pandas, _stats
+from analytics.stats import DIST_COLUMNS, FETCH, PRODUCE, _melt, _pandas
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
 THROTTLE_STEP_MS = 100
 _HEX_WITH_DIGIT = r"(?=[0-9a-fA-F]*[0-9])[0-9a-fA-F]+"
@@ -57,53 +59,26 @@ def stem(client_id: str) -> str:
     return found.group(1) if found else ""
 
 
-def client_families(pairs: DataFrame) -> DataFrame:
-    """One row per family (``pairs``: analytics.stats.pair_seconds): its ids, their lifetimes,
-    and per direction the stats struct of its bytes per second (all its ids together)."""
+def family_prefix(client_id: Column) -> Column:
+    """A client id's family prefix (its stem), null when it has no generated suffix."""
     from pyspark.sql import functions as F
 
-    generated = pairs.select(
-        F.regexp_extract("client_id", STEM_PATTERN, 1).alias("prefix"),
-        "client_id",
-        "sec",
-        *[f"{d}_{c}" for d in DIRECTIONS for c in ("bytes", "requests")],
-    ).where(F.col("prefix") != "")
-    life = F.col("last_s") - F.col("first_s") + 1
-    ids = (
-        generated.groupBy("prefix", "client_id")
-        .agg(F.min("sec").alias("first_s"), F.max("sec").alias("last_s"))
-        .groupBy("prefix")
-        .agg(
-            F.count(F.lit(1)).alias("client_ids"),
-            F.median(life).alias("median_life_s"),
-            F.min("first_s").alias("first_s"),
-            F.max("last_s").alias("last_s"),
-        )
-        .where(F.col("client_ids") >= 2)
-    )
-    seconds = generated.groupBy("prefix", "sec").agg(
-        *[F.sum(f"{d}_{c}").alias(f"{d}_{c}") for d in DIRECTIONS for c in ("bytes", "requests")],
-        F.count_distinct("client_id").alias("ids"),
-    )
-    per_family = seconds.groupBy("prefix").agg(
-        *_collect(PRODUCE, False),
-        *_collect(FETCH, False),
-        *[F.sum(f"{d}_requests").alias(f"{d}_requests") for d in DIRECTIONS],
-        F.max("ids").alias("peak_ids"),
-    )
-    rates = per_family.select(
-        "prefix",
-        "peak_ids",
-        *[f"{d}_requests" for d in DIRECTIONS],
-        *[_stats(d, None).alias(d) for d in DIRECTIONS],
-    )
-    return rates.join(F.broadcast(ids), "prefix")
+    found = F.regexp_extract(client_id, STEM_PATTERN, 1)
+    return F.when(found != "", found)
 
 
-def family_table(pairs: DataFrame) -> pd.DataFrame:
-    """``client_families`` on the driver: one row per family and direction with traffic."""
-    wide = _pandas(client_families(pairs))
-    out = _melt(wide, FAMILY_KEYS, {"requests": "{direction}_requests"}).reindex(columns=FAMILY_COLUMNS)
+def family_table(wide: pd.DataFrame) -> pd.DataFrame:
+    """``client_families`` from the entity pass's table (analytics.stats.entity_table: level
+    ``family`` rows, and the client-id rows with their first and last second and prefix): one
+    row per family of at least two ids and direction with traffic."""
+    clients = wide[(wide["level"] == "client") & wide["prefix"].notna()]
+    life = (clients["last_s"] - clients["first_s"] + 1).groupby(clients["prefix"])
+    ids = pd.DataFrame({"client_ids": life.size(), "median_life_s": life.median()})
+    ids = ids[ids["client_ids"] >= 2]
+    fams = wide[wide["level"] == "family"].drop(columns=["prefix"])
+    fams = fams.rename(columns={"client_id": "prefix", "peak_pairs": "peak_ids"})
+    fams = fams.merge(ids, left_on="prefix", right_index=True)
+    out = _melt(fams, FAMILY_KEYS, {"requests": "{direction}_requests"}).reindex(columns=FAMILY_COLUMNS)
     for c in ["client_ids", "peak_ids", "first_s", "last_s", "requests", *DIST_COLUMNS]:
         out[c] = out[c].fillna(0).astype("int64")
     out["median_life_s"] = out["median_life_s"].astype("float64")
