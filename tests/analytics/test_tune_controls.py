@@ -68,8 +68,8 @@ def record(
 
 def churning() -> list[dict[str, Any]]:
     """A steady service beside 12 generated ids (unauthenticated: no user quota holds them
-    together), each producing for 60 s, the next starting 45 s
-    after it (two at once for 15 s); a reader throttled 60 s at a time, the service 150 ms."""
+    together), each producing for 60 s, the next starting 45 s after it (two at once for 15 s);
+    a reader throttled 60 s at a time, the service 150 ms."""
     rows = [record(s, "billing", 0, 5_000, decided=150 if s % 6 == 0 else 0) for s in range(SPAN_S)]
     for i, cid in enumerate(GEN_IDS):
         rows += [record(s, cid, 0, GEN_BYTES, user=ANONYMOUS) for s in range(45 * i, 45 * i + 60)]
