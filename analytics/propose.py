@@ -34,6 +34,10 @@ is raised instead), so that num x size x R >= B admits their observed bursts wit
 ``producer_ids_rate`` (KIP-936, per user): users are ranked by their peak hourly rate of new
 producer ids; the <default> user gets the covered share's peak x headroom. No overrides: a storm
 is what this quota is for.
+
+The proxy's operator controls, ``max_throttle_ms`` and ``client_id_prefixes``, have rules of
+their own in analytics/propose_controls.py (a bound when decided throttles outlast the clients'
+request timeout; a shared bucket for a family of churning generated client ids).
 """
 
 from __future__ import annotations
@@ -100,6 +104,16 @@ class ProposeOptions:
     # seconds of traffic than this many byte-rate quota windows (Kafka's 11 x 1 s), is not written.
     min_requests: int = 10
     min_windows: float = 3.0
+    # max_throttle_ms (analytics/propose_controls.py): the clients' timeouts a throttle must not
+    # outlast (Kafka's request.timeout.ms and max.poll.interval.ms defaults), and the share of
+    # throttled requests decided over the request timeout that calls for a bound.
+    request_timeout_ms: int = 30_000
+    poll_interval_ms: int = 300_000
+    bound_share: float = 0.01
+    # client_id_prefixes: a family has at least this many generated client ids, and churns when
+    # their median lifetime is at most this share of the capture span.
+    prefix_min_ids: int = 5
+    prefix_churn: float = 0.5
 
     def __post_init__(self) -> None:
         if not 0 < self.coverage <= 1:
@@ -112,6 +126,12 @@ class ProposeOptions:
             raise ValueError("top-k must be 0 or more")
         if self.min_requests < 1 or self.min_windows < 0:
             raise ValueError("min-requests must be at least 1 and min-windows 0 or more")
+        if self.request_timeout_ms < 1 or self.poll_interval_ms < 1:
+            raise ValueError("request-timeout-ms and poll-interval-ms must be at least 1")
+        if not 0 < self.bound_share <= 1 or not 0 < self.prefix_churn <= 1:
+            raise ValueError("bound-share and prefix-churn must be in (0, 1]")
+        if self.prefix_min_ids < 2:
+            raise ValueError("prefix-min-ids must be at least 2")
         if self.default_level not in DEFAULT_LEVELS:
             raise ValueError(f"default level must be one of {', '.join(DEFAULT_LEVELS)}")
 
@@ -546,7 +566,8 @@ def _producer_ids(b: _Builder, stats: Stats, opts: ProposeOptions) -> None:
 
 
 def _ordered(quotas: dict[str, Any]) -> dict[str, Any]:
-    """Readable order: windows first, then users, clients, topics; <default> first in each."""
+    """Readable order: settings first (controller window, bound), then users, clients, client-id
+    prefixes, topics; <default> first in each."""
 
     def entities(d: dict[str, Any]) -> dict[str, Any]:
         out = {k: d[k] for k in sorted(d, key=lambda k: (k != DEFAULT, k))}
@@ -558,9 +579,10 @@ def _ordered(quotas: dict[str, Any]) -> dict[str, Any]:
         return out
 
     out: dict[str, Any] = {}
-    for key in ("controller_window", "users", "clients", "topics"):
+    for key in ("controller_window", "max_throttle_ms", "users", "clients", "client_id_prefixes", "topics"):
         if key in quotas:
-            out[key] = entities(quotas[key]) if key != "controller_window" else quotas[key]
+            grouped = key in ("users", "clients", "client_id_prefixes", "topics")
+            out[key] = entities(quotas[key]) if grouped else quotas[key]
     return out
 
 
@@ -605,6 +627,9 @@ def _header(
         lines += [
             f"  {lvl}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in defaults[lvl].items()) for lvl in others
         ]
+    from analytics.propose_controls import header_lines  # it builds on this module
+
+    lines += header_lines(rows)
     left_out = _too_little(rows)
     if left_out:
         lines.append("Not written, too little evidence to rest a quota on:")
@@ -647,12 +672,15 @@ def _annotate(stats: Stats, cfg: QuotaConfig, opts: ProposeOptions) -> None:
 
 def propose(stats: Stats, opts: ProposeOptions | None = None, source: str = "") -> Proposal:
     """The proposal for these statistics; also annotates the stats tables with its effect."""
+    from analytics.propose_controls import propose_controls  # it builds on this module
+
     opts = opts or ProposeOptions()
     b = _Builder()
     defaults = _byte_rates(b, stats, opts)
     _topics(b, stats, opts)
     _mutations(b, stats, opts)
     _producer_ids(b, stats, opts)
+    propose_controls(b, stats, opts, defaults)
     quotas = _ordered(b.quotas)
     cfg = QuotaConfig.model_validate(quotas)
     body = yaml.safe_dump(

@@ -35,6 +35,7 @@ from typing import Any
 
 import pandas as pd
 
+from analytics.report_controls import controls
 from analytics.report_html import Column, esc, html_note, html_page, html_pairs, html_section, html_table
 from analytics.report_plots import (
     TOP_SERIES,
@@ -202,7 +203,10 @@ def _stage_time(value: Any) -> str:
 
 
 def _observed(key: Any, value: Any) -> str:
-    """What was measured: a rate for byte quotas, else the number the basis column explains."""
+    """What was measured: a rate for byte quotas, a time for the bound, else the number the basis
+    column explains."""
+    if as_text(key) == "max_throttle_ms":
+        return fmt_ms(value)
     return fmt_rate(value) if as_text(key) in BYTE_QUOTAS else fmt_num(value)
 
 
@@ -676,6 +680,7 @@ SECTIONS: tuple[tuple[str, str, Callable[..., str]], ...] = (
     ("topics", "Topics and partitions", _topics),
     ("mutations", "Partition mutations", _mutations),
     ("producer-ids", "Producer ids", _producer_ids),
+    ("controls", "Operator controls", controls),
 )
 
 

@@ -67,6 +67,8 @@ QUOTA_WORDS = {
     "consumer.byte.rate": "fetch bytes/s from a topic",
     "controller_window.num": "controller quota window (1-second samples)",
     "request_percentage": "request time (% of a thread)",
+    "max_throttle_ms": "longest throttle",
+    "client_id_prefixes": "client-id prefix quotas",
     # the replay names topic quotas by the stage that applies them
     "topic_producer": "produce bytes/s into a topic",
     "topic_consumer": "fetch bytes/s from a topic",
@@ -83,6 +85,11 @@ OPTION_WORDS = {
     "max_override_factor": "an override is at most this x the default",
     "min_requests": "fewest mutation requests or new producer ids a value rests on",
     "min_windows": "fewest 11 s quota windows of traffic a byte rate rests on",
+    "request_timeout_ms": "clients' request timeout a throttle should not outlast (ms)",
+    "poll_interval_ms": "consumers' poll interval (ms)",
+    "bound_share": "share of throttles over the timeout that calls for a bound",
+    "prefix_min_ids": "fewest client ids of a family",
+    "prefix_churn": "a family churns when its ids live at most this share of the capture",
 }
 
 BYTE_QUOTAS = {k for k, words in QUOTA_WORDS.items() if "bytes/s" in words}
@@ -219,6 +226,8 @@ def quota_value(key: Any, value: Any) -> str:
         return f"{fmt_num(value)} /s"
     if k == "producer_ids_rate":
         return f"{fmt_num(value)} ids/s"
+    if k == "max_throttle_ms":
+        return f"{fmt_ms(value)} ({fmt_num(value)})"
     return fmt_num(value)
 
 
@@ -238,6 +247,10 @@ def applies_to(row: Mapping[str, Any]) -> str:
     user, client, topic = as_text(row.get("user")), as_text(row.get("client_id")), as_text(row.get("topic"))
     if kind == "window" or level == "controller":
         return "the controller (every admin client)"
+    if kind == "bound":
+        return "every throttle (byte rates, strict mutations)"
+    if kind == "prefix":
+        return f"client ids starting {client} (one bucket together)" if client else "families of client ids"
     if topic or level == "topic":
         return (
             "each topic without an override (default)" if topic == DEFAULT else f"topic {topic_label(topic)}"
@@ -264,12 +277,15 @@ def evidence(row: Mapping[str, Any]) -> str:
             "producer_ids_rate": ("new producer id", "new producer ids"),
             "controller_mutation_rate": ("mutation request", "mutation requests"),
             "controller_window.num": ("mutation request", "mutation requests"),
+            "max_throttle_ms": ("throttle over the request timeout", "throttles over the request timeout"),
         }.get(key, ("request", "requests"))
         parts.append(counted(row["requests"], one, many))
     many_entities = not is_missing(row.get("entities")) and float(row["entities"]) > 1
     if not is_missing(row.get("seconds")):
         if key not in BYTE_QUOTAS:  # rates of events: counted over the whole capture
             parts.append(f"over a {fmt_num(row['seconds'])} s capture")
+        elif as_text(row.get("kind")) == "prefix":  # a family's seconds, its ids together
+            parts.append(f"in {fmt_num(row['seconds'])} s of traffic together")
         elif many_entities:  # a default: the median entity's seconds
             parts.append(f"in a median {fmt_num(row['seconds'])} s of traffic each")
         else:
@@ -278,6 +294,9 @@ def evidence(row: Mapping[str, Any]) -> str:
         level = as_text(row.get("level"))
         if level == "controller":  # the controller window rests on the admin clients' bursts
             parts.append(f"from {counted(row['entities'], 'admin client')}")
+            return " ".join(parts)
+        if level == "proxy":  # the bound rests on the clients throttled past their timeout
+            parts.append(f"from {counted(row['entities'], 'client')}")
             return " ".join(parts)
         one, many = {"user-client": ("user and client-id pair", "user and client-id pairs")}.get(
             level, (LEVEL_WORDS.get(level, level or "entity"), LEVEL_PLURAL.get(level, "entities"))

@@ -1,6 +1,6 @@
 """What the captured traffic looked like, per entity and per topic, in 1-second windows.
 
-All aggregation is Spark DataFrame expressions (no Python UDFs). The records are read in three
+All aggregation is Spark DataFrame expressions (no Python UDFs). The records are read in four
 column-pruned passes, each reduced at once to a per-second table; everything after works on those
 tables, in as few Spark actions as possible (each action has a fixed cost that small tables feel):
 
@@ -8,12 +8,16 @@ tables, in as few Spark actions as possible (each action has a fixed cost that s
    (second, user, client-id) with produce bytes (request_bytes of Produce, api 0: what Kafka's
    produce quota charges), fetch bytes (response_bytes of Fetch, api 1: what the fetch quota
    charges), throttle ms and partition mutations. The user and client-id levels are its sums
-   (grouping sets), and each entity's seconds are gathered into one array, from which one
-   projection computes its distribution and bursts, and keeps the seconds of the top entities.
+   (grouping sets; also the client-id families, analytics/stats_controls.py), and each entity's
+   seconds are gathered into one array, from which one projection computes its distribution and
+   bursts, and keeps the seconds of the top entities.
 2. Partition pass (ts, api, partitions): one row per (topic, partition, second) with the record-set
    bytes produced and fetched; the topic level is its sums, then the same per-array statistics.
 3. Producer-id pass (ts, principal, producer ids of Produce): the second each (user, producer id)
    was first seen, counted per user and hour.
+4. Throttle pass (api, principal, client id, decided throttle): the throttles decided on Produce
+   and Fetch, counted per 100 ms step (analytics/stats_controls.py: with the families, the
+   evidence for the proxy's operator controls).
 
 Definitions (the tables' columns):
 
@@ -223,7 +227,7 @@ def _melt(wide: pd.DataFrame, keys: list[str], extra: dict[str, str] | None = No
         for target, source in (extra or {}).items():
             out[target] = wide[source.format(direction=direction)]
         rows.append(out[out["active_s"].fillna(0) > 0] if "active_s" in out else out.iloc[0:0])
-    out = pd.concat(rows, ignore_index=True)
+    out = pd.concat([r for r in rows if not r.empty] or rows[:1], ignore_index=True)
     for c in [*DIST_COLUMNS, "max_burst_s", "bursts"]:
         if c in out:
             out[c] = out[c].astype("int64")
@@ -307,36 +311,68 @@ def pair_seconds(captures: DataFrame, for_replay: bool = False) -> DataFrame:
     )
 
 
-def level_seconds(pairs: DataFrame, columns: list[str]) -> DataFrame:
-    """``columns`` summed per second at the three entity levels; '' for the level's missing key."""
+def level_seconds(pairs: DataFrame, columns: list[str], families: bool = False) -> DataFrame:
+    """``columns`` summed per second at the three entity levels; '' for the level's missing key.
+
+    ``families``: also per client-id family (level ``family``, its prefix as the client_id, for
+    ids with a generated suffix; analytics/stats_controls.py), and the client-id levels carry
+    their id's family as ``prefix`` (null for none): one shuffle for all of them.
+    """
     from pyspark.sql import functions as F
 
     sums = [F.sum(c).alias(c) for c in columns]
+    keys = ["sec", "user", "client_id"]
     sets = [["sec", "user", "client_id"], ["sec", "user"], ["sec", "client_id"]]
-    grouped = pairs.groupingSets(sets, "sec", "user", "client_id").agg(*sums, F.grouping_id().alias("gid"))
-    # grouping_id: bit 1 set when client_id is not grouped by, bit 2 when user is not.
-    level = F.when(F.col("gid") == 0, "user-client").when(F.col("gid") == 1, "user").otherwise("client")
-    return grouped.select(
+    if families:
+        from analytics.stats_controls import family_prefix
+
+        pairs = pairs.withColumn("prefix", family_prefix(F.col("client_id")))
+        keys.append("prefix")  # a function of the client id: no more groups at the client levels
+        sets = [["sec", "user", "client_id", "prefix"], ["sec", "user"], ["sec", "client_id", "prefix"]]
+        sets.append(["sec", "prefix"])
+    grouped = pairs.groupingSets(sets, *keys).agg(*sums, *[F.grouping(k).alias(f"g_{k}") for k in keys[1:]])
+    by_user, by_client = F.col("g_user") == 0, F.col("g_client_id") == 0
+    level = (
+        F.when(by_user & by_client, "user-client")
+        .when(by_user, "user")
+        .when(by_client, "client")
+        .otherwise("family")
+    )
+    client_id = F.coalesce("client_id", F.lit(""))
+    out = grouped.select(
         level.alias("level"),
         F.coalesce("user", F.lit("")).alias("user"),
-        F.coalesce("client_id", F.lit("")).alias("client_id"),
+        (F.when(level == "family", F.col("prefix")).otherwise(client_id) if families else client_id).alias(
+            "client_id"
+        ),
+        *(["prefix"] if families else []),
         "sec",
         *columns,
     )
+    # The ids without a generated suffix are no family.
+    return out.where((F.col("level") != "family") | F.col("client_id").isNotNull()) if families else out
 
 
 def entity_table(pairs: DataFrame, opts: StatsOptions) -> DataFrame:
-    """One row per entity: produce and fetch stats structs, throttle sums, top entities' seconds."""
+    """One row per entity: produce and fetch stats structs, throttle sums, top entities' seconds;
+    its first and last second, the most (user, client-id) pairs it had in one second and its
+    family's prefix; the client-id families as entities of level ``family`` (no seconds kept)."""
     from pyspark.sql import functions as F
 
     summed = ["produce_throttle_ms", "fetch_throttle_ms", "produce_requests", "fetch_requests"]
-    levels = level_seconds(pairs, ["produce_bytes", "fetch_bytes", *summed])
+    columns = ["produce_bytes", "fetch_bytes", *summed, "active_pairs"]
+    levels = level_seconds(pairs.withColumn("active_pairs", F.lit(1)), columns, families=True)
     per_entity = levels.groupBy(*ENTITY_KEYS).agg(
         *_collect(PRODUCE, points=True),
         *_collect(FETCH, points=True),
         *[F.sum(c).alias(c) for c in summed],
+        F.min("sec").alias("first_s"),
+        F.max("sec").alias("last_s"),
+        F.max("active_pairs").alias("peak_pairs"),
+        F.first("prefix", ignorenulls=True).alias("prefix"),
     )
-    return _with_stats(per_entity, ["level"], opts.top_series, opts.burst_factor)
+    not_family = F.col("level") != "family"
+    return _with_stats(per_entity, ["level"], opts.top_series, opts.burst_factor, series_when=not_family)
 
 
 # --- pass 2: topic partitions ----------------------------------------------------------------------
@@ -497,6 +533,8 @@ def _entities(
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
+    from analytics.stats_controls import family_table
+
     say("entity pass: bytes, throttle and mutations per second per (user, client-id)")
     pairs = pair_seconds(captures, opts.keep_seconds).persist(StorageLevel.MEMORY_AND_DISK)
     seconds = None
@@ -519,6 +557,8 @@ def _entities(
     finally:
         pairs.unpersist()
     tables: dict[str, pd.DataFrame] = {"_seconds": seconds} if seconds is not None else {}
+    tables["client_families"] = family_table(wide)
+    wide = wide[wide["level"] != "family"]
     entity = _melt(
         wide, ENTITY_KEYS, {"throttle_ms": "{direction}_throttle_ms", "requests": "{direction}_requests"}
     )
@@ -587,12 +627,23 @@ def _producer_ids(captures: DataFrame, say: Progress, t0: float) -> pd.DataFrame
     return hourly
 
 
+def _throttles(captures: DataFrame, say: Progress, t0: float) -> pd.DataFrame:
+    """Pass 4: decided Produce and Fetch throttles (the evidence for a bound on them)."""
+    from analytics.stats_controls import throttle_table
+
+    say("throttle pass: decided Produce and Fetch throttles")
+    out = throttle_table(captures)
+    throttled = int(out["requests"].sum())
+    say(f"throttle pass done: {throttled:,} throttled requests, {time.monotonic() - t0:.1f}s")
+    return out
+
+
 def compute(
     spark: Any, captures: DataFrame, opts: StatsOptions | None = None, progress: Progress | None = None
 ) -> Stats:
     """Every table of the report, as pandas DataFrames, from the capture records.
 
-    The three passes are independent Spark jobs, run from three threads: Spark fills each job's
+    The four passes are independent Spark jobs, run from four threads: Spark fills each job's
     idle cores (single-task stages, the driver's share of the work) with the others' tasks.
     """
     from concurrent.futures import ThreadPoolExecutor
@@ -600,13 +651,15 @@ def compute(
     opts = opts or StatsOptions()
     say = progress or (lambda _msg: None)
     t0 = time.monotonic()
-    with ThreadPoolExecutor(3, thread_name_prefix="kthrottle-stats") as pool:
+    with ThreadPoolExecutor(4, thread_name_prefix="kthrottle-stats") as pool:
         entities = pool.submit(_entities, captures, opts, say, t0)
         topics = pool.submit(_topics, captures, opts, say, t0)
         pids = pool.submit(_producer_ids, captures, say, t0)
+        throttles = pool.submit(_throttles, captures, say, t0)
         tables, (records, start_s, end_s) = entities.result()
         topic_tables = topics.result()
         hourly = pids.result()
+        tables["throttle_times"] = throttles.result()
     seconds = None
     if opts.keep_seconds:
         seconds = Seconds(tables.pop("_seconds"), topic_tables.pop("_seconds"))
@@ -625,5 +678,7 @@ def compute(
         "mutation_series",
         "producer_ids",
         "producer_ids_hourly",
+        "client_families",
+        "throttle_times",
     ]
     return Stats({name: tables[name] for name in order}, records, start_s, end_s, seconds)

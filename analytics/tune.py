@@ -22,7 +22,8 @@ a failure never leaves half a report; a previous report there is replaced)::
 Tables (name -> columns) handed to ``analytics.report.write_report`` and written under tables/.
 Levels are ``user``, ``client`` and ``user-client``; '' is the key a level does not have; ``sec``
 is epoch seconds; bytes are per 1-second window; definitions are in analytics/stats.py and the
-proposal rules in analytics/propose.py:
+proposal rules in analytics/propose.py (the operator controls': analytics/stats_controls.py and
+analytics/propose_controls.py):
 
 - entity_rates: level, user, client_id, direction (produce|fetch), active_s, total_bytes, p50_bps,
   p95_bps, p99_bps, max_bps, requests, throttle_ms, max_burst_s, bursts, mean_burst_s, mean_bps,
@@ -40,8 +41,16 @@ proposal rules in analytics/propose.py:
 - producer_ids: user, new_ids, hours, max_new_per_hour, mean_new_per_hour, peak_ids_per_s,
   over_quota
 - producer_ids_hourly: user, hour_start_s, covered_s, new_ids, ids_per_s
-- proposal: kind (default|override|window|excluded), level, user, client_id, topic, key, value,
-  observed, basis, requests, seconds, entities (the evidence), written, note (why not written)
+- client_families: prefix, direction, client_ids, peak_ids, median_life_s, first_s, last_s,
+  requests, active_s, total_bytes, p50_bps, p95_bps, p99_bps, max_bps (client ids told apart
+  only by a generated suffix, their bytes together; analytics/stats_controls.py)
+- throttle_times: direction, throttle_ms (decided, rounded up to 100 ms), requests, longest_for
+  (the throttles decided on Produce and Fetch; the entities whose longest is in the step)
+- proposal: kind (default|override|window|excluded|prefix|bound), level, user, client_id, topic,
+  key, value, observed, basis, requests, seconds, entities (the evidence), written, note (why
+  not written, or for a prefix and the bound what the capture showed); ``prefix`` rows are
+  ``client_id_prefixes`` (client_id: the prefix), the ``bound`` row ``max_throttle_ms``
+  (analytics/propose_controls.py)
 - replay: what ``analytics.replay.replay`` returns (when available)
 
 ``meta`` for the report: input, files, records, start_ms, end_ms, span_s, options, stages
@@ -153,6 +162,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="write no byte-rate value resting on fewer seconds than this many 11 s quota windows (3)",
     )
     p.add_argument(
+        "--request-timeout-ms",
+        type=int,
+        default=30_000,
+        help="clients' request.timeout.ms: propose max_throttle_ms when throttles outlast it (30000)",
+    )
+    p.add_argument(
+        "--poll-interval-ms",
+        type=int,
+        default=300_000,
+        help="consumers' max.poll.interval.ms: one fetch throttled longer calls for a bound (300000)",
+    )
+    p.add_argument(
+        "--bound-share",
+        type=float,
+        default=0.01,
+        help="share of throttled requests over the request timeout that calls for a bound (0.01)",
+    )
+    p.add_argument(
+        "--prefix-min-ids",
+        type=int,
+        default=5,
+        help="client ids a family of generated ids needs for a client_id_prefixes quota (5)",
+    )
+    p.add_argument(
+        "--prefix-churn",
+        type=float,
+        default=0.5,
+        help="a family churns when its ids' median lifetime is at most this share of the capture (0.5)",
+    )
+    p.add_argument(
         "--skip-replay", action="store_true", help="do not replay the traffic through the proposal"
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines (warnings and errors only)")
@@ -219,6 +258,11 @@ def _options(args: argparse.Namespace) -> tuple[StatsOptions, ProposeOptions]:
             max_override_factor=args.max_override_factor,
             min_requests=args.min_requests,
             min_windows=args.min_windows,
+            request_timeout_ms=args.request_timeout_ms,
+            poll_interval_ms=args.poll_interval_ms,
+            bound_share=args.bound_share,
+            prefix_min_ids=args.prefix_min_ids,
+            prefix_churn=args.prefix_churn,
         )
     except ValueError as exc:
         raise InputError(str(exc)) from exc
@@ -281,6 +325,11 @@ def _meta(
             "burst_factor": args.burst_factor,
             "min_requests": args.min_requests,
             "min_windows": args.min_windows,
+            "request_timeout_ms": args.request_timeout_ms,
+            "poll_interval_ms": args.poll_interval_ms,
+            "bound_share": args.bound_share,
+            "prefix_min_ids": args.prefix_min_ids,
+            "prefix_churn": args.prefix_churn,
             "controller_window_s": stats_opts.controller_window_s,
             "sustained_window_s": stats_opts.sustained_window_s,
         },

@@ -41,6 +41,8 @@ TABLES = (
     "mutation_series",
     "producer_ids",
     "producer_ids_hourly",
+    "client_families",
+    "throttle_times",
     "proposal",
 )
 
@@ -202,6 +204,23 @@ def test_abusive_admin_does_not_set_the_mutation_quota(
     assert again.controller_window == cfg.controller_window
     resolved = resolve(cfg, *truth.abusive_admin, CONTROLLER_MUTATION_RATE)
     assert resolved is not None and resolved.level == 5  # held to the default
+
+
+def test_stable_ids_and_short_throttles_propose_no_control(report: Path, cfg: QuotaConfig) -> None:
+    """The generated capture's client ids stay (reporting-job-0 ... 9 all the while) and its
+    throttles are short (under 400 ms): neither a client-id prefix nor a bound is written, and the
+    proposal's rows say why (analytics/propose_controls.py; the other side: test_tune_controls.py)."""
+    assert not cfg.client_id_prefixes and cfg.max_throttle_ms is None
+    fams = table(report, "client_families").set_index(["prefix", "direction"])
+    family = fams.loc[("reporting-job-", "produce")]
+    assert family["client_ids"] == 10 and family["median_life_s"] > 500
+    proposal = table(report, "proposal")
+    prefix = proposal[proposal["kind"] == "prefix"]
+    assert list(prefix["client_id"]) == ["reporting-job-"] and not prefix["written"].any()
+    assert prefix.iloc[0]["note"].startswith("its ids stay")
+    bound = proposal[proposal["kind"] == "bound"].iloc[0]
+    assert not bound["written"] and bound["note"].startswith("not needed: 0.0% (0) of")
+    assert 0 < table(report, "throttle_times")["throttle_ms"].max() <= 400
 
 
 def test_report_tables_make_sense(report: Path, captures: tuple[Path, GeneratedTruth]) -> None:
@@ -483,7 +502,13 @@ def test_a_default_rests_on_typical_entities() -> None:
 
 
 def test_bad_options_are_refused(captures: tuple[Path, GeneratedTruth], tmp_path: Path, capsys: Any) -> None:
-    for bad in (["--coverage", "0"], ["--headroom", "0.5"], ["--top-k", "-1"]):
+    for bad in (
+        ["--coverage", "0"],
+        ["--headroom", "0.5"],
+        ["--top-k", "-1"],
+        ["--prefix-min-ids", "1"],
+        ["--bound-share", "0"],
+    ):
         assert main(["--input", str(captures[0]), "--output", str(tmp_path / "o"), *bad]) == 2
         assert not (tmp_path / "o").exists()
     assert "coverage" in capsys.readouterr().err
