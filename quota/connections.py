@@ -22,6 +22,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from quota.config import QuotaConfig
+from quota.idle import drop_idle
 from quota.keys import DEFAULT
 from quota.rate import SampledRate, throttle_time_ms
 
@@ -127,8 +128,4 @@ class ConnectionRateQuotas:
         if now_ms - self._last_expiry_ms < self.window.size_ms:
             return 0
         self._last_expiry_ms = now_ms
-        horizon = now_ms - self.cfg.idle_expiry_seconds * 1000.0
-        stale = [ip for ip, rate in self.rates.items() if rate.last_record_ms < horizon]
-        for ip in stale:
-            del self.rates[ip]
-        return len(stale)
+        return drop_idle(self.rates, now_ms - self.cfg.idle_expiry_seconds * 1000.0)

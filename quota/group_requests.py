@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from quota.config import QuotaConfig
 from quota.entities import Bucket, Match, any_entity_quota, resolve
+from quota.idle import drop_idle
 from quota.keys import (
     GROUP_RATE_KEYS,
     JOIN_GROUP_RATE,
@@ -145,10 +146,7 @@ class GroupRequestQuotas:
         if now_ms - self._last_expiry_ms < self.window.size_ms:
             return 0
         self._last_expiry_ms = now_ms
-        horizon = now_ms - self.cfg.idle_expiry_seconds * 1000.0
-        stale = [k for k, tb in self.buckets.items() if tb.last_record_ms < horizon]
-        for k in stale:
-            del self.buckets[k]
+        dropped = drop_idle(self.buckets, now_ms - self.cfg.idle_expiry_seconds * 1000.0)
         if len(self._matches) > 4 * max(256, len(self.buckets)):
             self._matches.clear()
-        return len(stale)
+        return dropped

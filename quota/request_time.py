@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from quota.config import QuotaConfig
 from quota.entities import Bucket, Match, any_entity_quota, resolve
+from quota.idle import drop_idle
 from quota.keys import REQUEST_PERCENTAGE
 from quota.rate import QuotaWindow, SampledRate, throttle_time_ms
 
@@ -140,11 +141,8 @@ class RequestTimeQuotas:
         if now_ms - self._last_expiry_ms < self.window.size_ms:
             return 0
         self._last_expiry_ms = now_ms
-        horizon = now_ms - self.cfg.idle_expiry_seconds * 1000.0
-        stale = [bucket for bucket, rate in self.rates.items() if rate.last_record_ms < horizon]
-        for bucket in stale:
-            del self.rates[bucket]
+        dropped = drop_idle(self.rates, now_ms - self.cfg.idle_expiry_seconds * 1000.0)
         # Lookups are cached per (user, client-id), quota or not: keep the cache from growing unbounded.
         if len(self._matches) > 4 * max(256, len(self.rates)):
             self._matches.clear()
-        return len(stale)
+        return dropped

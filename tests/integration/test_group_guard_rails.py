@@ -3,7 +3,8 @@ group coordinator: a consumer crash-looping (a process that starts, joins, and d
 again and again) beside two healthy members of its group.
 
 Two groups side by side, each through its own proxy, alike but for the guard: through one, the
-looper's client id has a ``join_group_rate``; through the other nothing. Without the guard every
+looper's client id has a ``join_group_rate`` (set by a hot reload once the group runs); through
+the other nothing. Without the guard every
 start of the looper reaches the coordinator as a new member, and every join rebalances the group
 (its healthy members are revoked and wait for the dead member to time out); with it, the
 looper's joins wait in the proxy and die with it, and the healthy members are left alone.
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
+import yaml
 
 from dev.harness import KafkaCluster
 from dev.proxy_process import ProxyProcess, gateway_config
@@ -98,11 +100,11 @@ def groups(
     tmp = tmp_path_factory.mktemp("guard-rails")
     topic = f"guard-{uuid.uuid4().hex[:6]}"
     kafka_broker.create_topic(topic, partitions=4)
-    guarded = {"clients": {"looper": {"join_group_rate": JOIN_RATE}}}
+    guard = {"clients": {"looper": {"join_group_rate": JOIN_RATE}}}
     run = {"guarded": Group(f"guarded-{uuid.uuid4().hex[:6]}"), "open": Group(f"open-{uuid.uuid4().hex[:6]}")}
     stop = threading.Event()
     with (
-        ProxyProcess(gateway_config(kafka_broker, quotas=guarded), workdir=tmp / "guarded") as guarded_proxy,
+        ProxyProcess(gateway_config(kafka_broker), workdir=tmp / "guarded") as guarded_proxy,
         ProxyProcess(gateway_config(kafka_broker), workdir=tmp / "open") as open_proxy,
     ):
         proxies = {"guarded": guarded_proxy, "open": open_proxy}
@@ -122,7 +124,17 @@ def groups(
                 30,
                 lambda: f"healthy members never assigned: {[g.assignments for g in run.values()]}",
             )
-            time.sleep(2)
+            # The guard comes by a hot reload, while the group runs.
+            reloads = {"result": "applied"}
+            applied = guarded_proxy.metric("kthrottle_config_reloads_total", reloads)
+            guarded_proxy.config["quotas"] = guard
+            guarded_proxy.config_path.write_text(yaml.safe_dump(guarded_proxy.config))
+            wait_until(
+                lambda: guarded_proxy.metric("kthrottle_config_reloads_total", reloads) > applied,
+                10,
+                guarded_proxy.log_tail,
+            )
+            time.sleep(1)
             before = {kind: dict(g.assignments) for kind, g in run.items()}
             joins = {
                 k: p.metric("kthrottle_requests_total", {"api": "JoinGroup"}) for k, p in proxies.items()
