@@ -34,8 +34,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 KiB = 1024
 QUOTA = 128 * KiB
-PHASE = 6.0  # seconds per phase
-SETTLED = 2.5  # seconds into a phase before its rate is judged: the new bucket's burst is spent
+PHASE = 5.0  # seconds per phase
+SETTLED = 2.0  # seconds into a phase before its rate is judged: the new bucket's burst is spent
 USERS = ("alice", "bob")
 
 
