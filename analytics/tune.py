@@ -46,11 +46,17 @@ analytics/propose_controls.py):
   only by a generated suffix, their bytes together; analytics/stats_controls.py)
 - throttle_times: direction, throttle_ms (decided, rounded up to 100 ms), requests, longest_for
   (the throttles decided on Produce and Fetch; the entities whose longest is in the step)
+- group_joins: level (user-client|client), user, client_id, joins, join_requests, first_ms,
+  last_ms, span_s, peak_per_min, median_interval_s (new-member joins of consumer groups: the
+  connections (proxy, conn) that sent a JoinGroup, each at its first; the most in any 60 s, the
+  median time between them; analytics/stats_controls.py)
 - proposal: kind (default|override|window|excluded|prefix|bound), level, user, client_id, topic,
   key, value, observed, basis, requests, seconds, entities (the evidence), written, note (why
-  not written, or for a prefix and the bound what the capture showed); ``prefix`` rows are
-  ``client_id_prefixes`` (client_id: the prefix), the ``bound`` row ``max_throttle_ms``
-  (analytics/propose_controls.py)
+  not written, or for a prefix, the bound and a join rate what the capture showed); ``prefix``
+  rows are ``client_id_prefixes`` (client_id: the prefix), the ``bound`` row ``max_throttle_ms``,
+  ``override`` rows of key ``join_group_rate`` an entity in a join loop (observed: its most
+  joins in a minute; requests: its joins; seconds: their span) and one not written for the
+  entities of 2 joins or more in none (analytics/propose_controls.py)
 - replay: what ``analytics.replay.replay`` returns (when available)
 
 ``meta`` for the report: input, files, records, start_ms, end_ms, span_s, options, stages
@@ -192,6 +198,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="a family churns when its ids' median lifetime is at most this share of the capture (0.5)",
     )
     p.add_argument(
+        "--join-loop-min",
+        type=int,
+        default=10,
+        help="new-member joins of one entity a join loop has at least, for join_group_rate (10)",
+    )
+    p.add_argument(
+        "--join-loop-interval-s",
+        type=float,
+        default=60.0,
+        help="a join loop's median interval between new-member joins is at most this (60)",
+    )
+    p.add_argument(
+        "--join-every-s",
+        type=float,
+        default=30.0,
+        help="join_group_rate proposed for a join loop: one new-member join per this many seconds (30)",
+    )
+    p.add_argument(
         "--skip-replay", action="store_true", help="do not replay the traffic through the proposal"
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines (warnings and errors only)")
@@ -263,6 +287,9 @@ def _options(args: argparse.Namespace) -> tuple[StatsOptions, ProposeOptions]:
             bound_share=args.bound_share,
             prefix_min_ids=args.prefix_min_ids,
             prefix_churn=args.prefix_churn,
+            join_loop_min=args.join_loop_min,
+            join_loop_interval_s=args.join_loop_interval_s,
+            join_every_s=args.join_every_s,
         )
     except ValueError as exc:
         raise InputError(str(exc)) from exc
@@ -330,6 +357,9 @@ def _meta(
             "bound_share": args.bound_share,
             "prefix_min_ids": args.prefix_min_ids,
             "prefix_churn": args.prefix_churn,
+            "join_loop_min": args.join_loop_min,
+            "join_loop_interval_s": args.join_loop_interval_s,
+            "join_every_s": args.join_every_s,
             "controller_window_s": stats_opts.controller_window_s,
             "sustained_window_s": stats_opts.sustained_window_s,
         },
