@@ -126,47 +126,8 @@ class Progress:
         self(f"{name}: done in {took:.1f}s")
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="tune", description="Propose kthrottle quotas from capture files (a PySpark job)."
-    )
-    p.add_argument("--input", required=True, help="capture files: directory, glob, file or Hadoop URI")
-    p.add_argument("--output", required=True, help="report directory (local; replaced if a previous report)")
-    p.add_argument(
-        "--master", default=None, help="Spark master (default local[*]; spark-submit's own if under it)"
-    )
-    p.add_argument(
-        "--top-k", type=int, default=5, help="overrides per entity level and for topics (default 5)"
-    )
-    p.add_argument("--headroom", type=float, default=1.5, help="quota = observed p99 x this (default 1.5)")
-    p.add_argument("--coverage", type=float, default=0.95, help="share of entities the default covers (0.95)")
-    p.add_argument(
-        "--default-level",
-        choices=DEFAULT_LEVELS,
-        default="user-client",
-        help="level of the <default> byte-rate quotas (default user-client: one bucket per pair)",
-    )
-    p.add_argument(
-        "--max-override-factor",
-        type=float,
-        default=10.0,
-        help="an outlier's override is at most this x the default (default 10)",
-    )
-    p.add_argument(
-        "--burst-factor", type=float, default=2.0, help="a burst is a run of seconds above this x median"
-    )
-    p.add_argument(
-        "--min-requests",
-        type=int,
-        default=10,
-        help="write no value resting on fewer mutation requests or new producer ids (default 10)",
-    )
-    p.add_argument(
-        "--min-windows",
-        type=float,
-        default=3.0,
-        help="write no byte-rate value resting on fewer seconds than this many 11 s quota windows (3)",
-    )
+def _control_args(p: argparse.ArgumentParser) -> None:
+    """The options of the operator controls' and the join guard rail's proposals."""
     p.add_argument(
         "--request-timeout-ms",
         type=int,
@@ -215,6 +176,50 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=30.0,
         help="join_group_rate proposed for a join loop: one new-member join per this many seconds (30)",
     )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="tune", description="Propose kthrottle quotas from capture files (a PySpark job)."
+    )
+    p.add_argument("--input", required=True, help="capture files: directory, glob, file or Hadoop URI")
+    p.add_argument("--output", required=True, help="report directory (local; replaced if a previous report)")
+    p.add_argument(
+        "--master", default=None, help="Spark master (default local[*]; spark-submit's own if under it)"
+    )
+    p.add_argument(
+        "--top-k", type=int, default=5, help="overrides per entity level and for topics (default 5)"
+    )
+    p.add_argument("--headroom", type=float, default=1.5, help="quota = observed p99 x this (default 1.5)")
+    p.add_argument("--coverage", type=float, default=0.95, help="share of entities the default covers (0.95)")
+    p.add_argument(
+        "--default-level",
+        choices=DEFAULT_LEVELS,
+        default="user-client",
+        help="level of the <default> byte-rate quotas (default user-client: one bucket per pair)",
+    )
+    p.add_argument(
+        "--max-override-factor",
+        type=float,
+        default=10.0,
+        help="an outlier's override is at most this x the default (default 10)",
+    )
+    p.add_argument(
+        "--burst-factor", type=float, default=2.0, help="a burst is a run of seconds above this x median"
+    )
+    p.add_argument(
+        "--min-requests",
+        type=int,
+        default=10,
+        help="write no value resting on fewer mutation requests or new producer ids (default 10)",
+    )
+    p.add_argument(
+        "--min-windows",
+        type=float,
+        default=3.0,
+        help="write no byte-rate value resting on fewer seconds than this many 11 s quota windows (3)",
+    )
+    _control_args(p)
     p.add_argument(
         "--skip-replay", action="store_true", help="do not replay the traffic through the proposal"
     )
