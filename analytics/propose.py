@@ -35,9 +35,11 @@ is raised instead), so that num x size x R >= B admits their observed bursts wit
 producer ids; the <default> user gets the covered share's peak x headroom. No overrides: a storm
 is what this quota is for.
 
-The proxy's operator controls, ``max_throttle_ms`` and ``client_id_prefixes``, have rules of
-their own in analytics/propose_controls.py (a bound when decided throttles outlast the clients'
-request timeout; a shared bucket for a family of churning generated client ids).
+The proxy's operator controls, ``max_throttle_ms`` and ``client_id_prefixes``, and its
+consumer-group guard rail ``join_group_rate`` have rules of their own in
+analytics/propose_controls.py (a bound when decided throttles outlast the clients' request
+timeout; a shared bucket for a family of churning generated client ids; a rate of new-member
+joins for a consumer caught in a join loop).
 """
 
 from __future__ import annotations
@@ -114,6 +116,11 @@ class ProposeOptions:
     # their median lifetime is at most this share of the capture span.
     prefix_min_ids: int = 5
     prefix_churn: float = 0.5
+    # join_group_rate: a join loop is at least this many new-member joins of one entity at a
+    # median interval of at most this many seconds; the rate proposed is one join per join_every_s.
+    join_loop_min: int = 10
+    join_loop_interval_s: float = 60.0
+    join_every_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not 0 < self.coverage <= 1:
@@ -132,6 +139,10 @@ class ProposeOptions:
             raise ValueError("bound-share and prefix-churn must be in (0, 1]")
         if self.prefix_min_ids < 2:
             raise ValueError("prefix-min-ids must be at least 2")
+        if self.join_loop_min < 2:
+            raise ValueError("join-loop-min must be at least 2")
+        if self.join_loop_interval_s <= 0 or self.join_every_s <= 0:
+            raise ValueError("join-loop-interval-s and join-every-s must be above 0")
         if self.default_level not in DEFAULT_LEVELS:
             raise ValueError(f"default level must be one of {', '.join(DEFAULT_LEVELS)}")
 

@@ -22,26 +22,50 @@ bytes are not in that p99. A prefix is matched at the client-id level (7), after
 user quota, so it is written only when ``default_level`` is client; once written, its members'
 own overrides are retracted (their rows say so): an exact client-id or (user, client-id) entry
 comes first and would give a member a full bucket of its own again.
+
+``join_group_rate`` (docs/quotas.md, consumer-group guard rails): a consumer that crash-loops
+joins its group as a new member on every start, from a new connection, and every join
+rebalances the group. An entity is in a *join loop* when ``group_joins`` (analytics/
+stats_controls.py) shows at least ``join_loop_min`` new-member joins at a median interval of at
+most ``join_loop_interval_s``; it gets ``join_group_rate``, one join per ``join_every_s`` (30 s:
+0.033, rounded to 2 significant digits): a healthy consumer joins once per start, far less
+often, and the loop is held to it (a loop whose median interval is longer than one join at that
+rate would not be: its note says so). Placed as a byte-rate override is (analytics/propose.py):
+the client id (``clients.C``, level 7, one bucket for the id across users) with ``default_level``
+client, else the (user, client-id) pair (``users.U.clients.C``, level 1). The entities of at
+least two joins that are no loop are listed, each with why, in a row that is not written.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from analytics.propose import BYTE_KEYS, ProposeOptions, _Builder, _count, evidence, nice_bytes
+from analytics.propose import (
+    BYTE_KEYS,
+    ProposeOptions,
+    _Builder,
+    _count,
+    _entity_path,
+    _fmt,
+    evidence,
+    nice_bytes,
+)
 from analytics.stats import FETCH, Stats
-from analytics.stats_controls import stem, step_percentile
+from analytics.stats_controls import JOIN_COLUMNS, stem, step_percentile
 from quota.config import WindowConfig
+from quota.keys import JOIN_GROUP_RATE
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
 MAX_THROTTLE_MS = "max_throttle_ms"
 PREFIXES = "client_id_prefixes"
+TOP_LISTED = 5  # entities named in the row of those with no join loop
 WINDOW_MS = int(WindowConfig().num * WindowConfig().size_seconds * 1000)  # the proposal keeps Kafka's
 
 
@@ -275,12 +299,129 @@ def _prefixes(b: _Builder, stats: Stats, opts: ProposeOptions, defaults: dict[st
                 _prefix(b, stats, opts, r, key, defaults.get(key))
 
 
+# --- join_group_rate -------------------------------------------------------------------------------
+
+
+def join_rate(opts: ProposeOptions) -> float:
+    """The proposed join_group_rate: one new-member join per ``join_every_s``, 2 significant digits."""
+    return float(f"{1 / opts.join_every_s:.2g}")
+
+
+def join_level(opts: ProposeOptions) -> str:
+    """Where join_group_rate goes: as a byte-rate override, the client id only when the defaults
+    are at the client level, else the (user, client-id) pair."""
+    return "client" if opts.default_level == "client" else "user-client"
+
+
+def _who(r: Any) -> str:
+    return f"{r.user}/{r.client_id}" if r.user else str(r.client_id)
+
+
+def _utc(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ms / 1000))
+
+
+def _joined(r: Any) -> str:
+    """An entity's joins in words: how many, when, how fast."""
+    interval = float(r.median_interval_s)
+    return (
+        f"{_count(int(r.joins), 'new-member join')} (one per connection) from {_utc(int(r.first_ms))}"
+        f" to {_utc(int(r.last_ms))} ({_fmt(float(r.span_s))} s), at most {int(r.peak_per_min):,} in a"
+        f" minute" + (f", median interval {_fmt(interval)} s" if not math.isnan(interval) else "")
+    )
+
+
+def _no_loop(r: Any, opts: ProposeOptions) -> str:
+    """Why an entity's joins are no join loop ('' when they are one)."""
+    if int(r.joins) < opts.join_loop_min:
+        return f"fewer than {opts.join_loop_min} joins"
+    if float(r.median_interval_s) > opts.join_loop_interval_s:
+        return f"a median interval over {opts.join_loop_interval_s:g} s"
+    return ""
+
+
+def _loop(b: _Builder, opts: ProposeOptions, r: Any, basis: str) -> None:
+    """join_group_rate for one entity in a join loop, written, with its evidence."""
+    value = join_rate(opts)
+    b.set(_entity_path(str(r.level), str(r.user), str(r.client_id)), JOIN_GROUP_RATE, value)
+    note = f"join loop: {_joined(r)}"
+    if float(r.median_interval_s) * value >= 1:  # a join per interval passes a bucket of this rate
+        note += (
+            f"; at its median interval the rate would not hold it back (a join every {1 / value:.3g} s"
+            f" passes): a --join-every-s over {_fmt(float(r.median_interval_s))} would"
+        )
+    b.row(
+        kind="override",
+        level=str(r.level),
+        user=str(r.user),
+        client_id=str(r.client_id),
+        key=JOIN_GROUP_RATE,
+        value=value,
+        observed=int(r.peak_per_min),
+        basis=basis,
+        requests=int(r.joins),
+        seconds=int(r.span_s),
+        entities=1,
+        written=True,
+        note=note,
+    )
+
+
+def _not_loops(
+    b: _Builder, opts: ProposeOptions, level: str, others: pd.DataFrame, loops: int, joined: bool
+) -> None:
+    """The row that says why no other entity gets join_group_rate: those of at least two joins,
+    the most joins first, each with why it is no loop (at most ``TOP_LISTED``)."""
+    shown = [f"{_who(r)}: {_joined(r)}, {_no_loop(r, opts)}" for r in others.head(TOP_LISTED).itertuples()]
+    if len(others) > TOP_LISTED:
+        shown.append(f"and {_count(len(others) - TOP_LISTED, 'other')}")
+    rule = (
+        f"{opts.join_loop_min} or more new-member joins of one entity at a median interval of at"
+        f" most {opts.join_loop_interval_s:g} s"
+    )
+    head = f"no join loop for any other entity ({rule})" if loops else f"not needed: no join loop ({rule})"
+    none = "no entity has 2 new-member joins or more" if joined else "no JoinGroup in the capture"
+    seen = "; ".join(shown) if shown else none
+    b.row(
+        kind="override",
+        level=level,
+        key=JOIN_GROUP_RATE,
+        value=join_rate(opts),
+        entities=len(others),
+        written=False,
+        note=f"{head}: {seen}",
+    )
+
+
+def _joins(b: _Builder, stats: Stats, opts: ProposeOptions) -> None:
+    """join_group_rate for the entities in a join loop; a row for the others of two joins or more."""
+    joins = stats.tables.get("group_joins")
+    level = join_level(opts)
+    if joins is None:
+        joins = pd.DataFrame(columns=JOIN_COLUMNS)
+    at_level = joins[joins["level"] == level]
+    ents = at_level[at_level["joins"] >= 2]
+    ents = ents.sort_values(["joins", "user", "client_id"], ascending=[False, True, True])
+    is_loop = pd.Series([not _no_loop(r, opts) for r in ents.itertuples()], index=ents.index, dtype=bool)
+    loops, others = ents[is_loop], ents[~is_loop]
+    basis = (
+        f"a join loop ({opts.join_loop_min}+ new-member joins, median interval at most"
+        f" {opts.join_loop_interval_s:g} s): one join per {opts.join_every_s:g} s, to 2 significant digits"
+    )
+    for r in loops.itertuples():
+        _loop(b, opts, r, basis)
+    if loops.empty or not others.empty:
+        _not_loops(b, opts, level, others, len(loops), not at_level.empty)
+
+
 def propose_controls(
     b: _Builder, stats: Stats, opts: ProposeOptions, defaults: dict[str, dict[str, int]]
 ) -> None:
-    """Both controls into the builder; ``defaults``: the byte-rate defaults per level (propose.py)."""
+    """The controls and the join guard rail into the builder; ``defaults``: the byte-rate
+    defaults per level (propose.py)."""
     _prefixes(b, stats, opts, defaults.get("client", {}))
     _bound(b, stats, opts)
+    _joins(b, stats, opts)
 
 
 def header_lines(rows: Iterable[dict[str, Any]]) -> list[str]:
@@ -291,4 +432,7 @@ def header_lines(rows: Iterable[dict[str, Any]]) -> list[str]:
             out.append(f"max_throttle_ms: {r['note']}.")
         elif r["written"] and r["kind"] == "prefix":
             out.append(f"client_id_prefixes {r['client_id']} ({r['key']}): {r['note']}.")
+        elif r["written"] and r["key"] == JOIN_GROUP_RATE:
+            who = "/".join(str(r[c]) for c in ("user", "client_id") if r[c])
+            out.append(f"join_group_rate {r['value']:g} ({who}): {r['note']}.")
     return out

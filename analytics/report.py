@@ -203,10 +203,12 @@ def _stage_time(value: Any) -> str:
 
 
 def _observed(key: Any, value: Any) -> str:
-    """What was measured: a rate for byte quotas, a time for the bound, else the number the basis
-    column explains."""
+    """What was measured: a rate for byte quotas, a time for the bound, joins in a minute for a
+    join rate, else the number the basis column explains."""
     if as_text(key) == "max_throttle_ms":
         return fmt_ms(value)
+    if as_text(key) == "join_group_rate":  # the most new-member joins in a minute
+        return f"{fmt_num(value)} joins in a minute"
     return fmt_rate(value) if as_text(key) in BYTE_QUOTAS else fmt_num(value)
 
 

@@ -1,9 +1,11 @@
 """The report's section on the proxy's operator controls: what the capture showed for each.
 
-A bound on throttles (``max_throttle_ms``) and shared buckets for families of generated client
-ids (``client_id_prefixes``) are not Kafka's; the reader sees, beside the proposal's sentence for
-each, the numbers it came from: the decided throttles per direction (``throttle_times``) and the
-client-id families found (``client_families``). The rules are in analytics/propose_controls.py.
+A bound on throttles (``max_throttle_ms``), shared buckets for families of generated client ids
+(``client_id_prefixes``) and a rate of new-member group joins (``join_group_rate``) are not
+Kafka's; the reader sees, beside the proposal's sentence for each, the numbers it came from: the
+decided throttles per direction (``throttle_times``), the client-id families found
+(``client_families``) and the entities that joined consumer groups most (``group_joins``). The
+rules are in analytics/propose_controls.py.
 """
 
 from __future__ import annotations
@@ -14,20 +16,35 @@ from typing import Any
 import pandas as pd
 
 from analytics.report_html import html_note, html_table
-from analytics.report_text import TOP_ENTITIES, as_text, fmt_ms, fmt_num, fmt_rate, fmt_seconds, quota_value
+from analytics.report_text import (
+    TOP_ENTITIES,
+    as_text,
+    fmt_ms,
+    fmt_num,
+    fmt_rate,
+    fmt_seconds,
+    fmt_time,
+    quota_value,
+)
 from analytics.stats_controls import step_percentile
+from quota.keys import JOIN_GROUP_RATE
 
 _TABLE_ROWS = TOP_ENTITIES
 
 
-def _sentences(tables: Mapping[str, Any], kind: str) -> str:
-    """The proposal's rows of one kind, each as a sentence: what was proposed, or why not."""
+def _sentences(tables: Mapping[str, Any], kind: str, key: str | None = None) -> str:
+    """The proposal's rows of one kind (and key), each as a sentence: what was proposed, or why
+    not."""
     proposal = tables.get("proposal")
     if not isinstance(proposal, pd.DataFrame) or "kind" not in proposal.columns:
         return ""
+    rows = proposal[proposal["kind"] == kind]
+    if key is not None:
+        rows = rows[rows["key"] == key]
     out = []
-    for r in proposal[proposal["kind"] == kind].to_dict("records"):
-        who = f"{as_text(r.get('client_id'))} " if as_text(r.get("client_id")) else ""
+    for r in rows.to_dict("records"):
+        user, client = as_text(r.get("user")), as_text(r.get("client_id"))
+        who = f"{user}/{client} " if user and client else (f"{client} " if client else "")
         value = quota_value(r.get("key"), r.get("value"))
         head = f"{who}{as_text(r.get('key'))}" + (f" {value}" if value else "")
         done = "written" if r.get("written") else "not written"
@@ -81,12 +98,36 @@ def _families(tables: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
+def _joins(tables: Mapping[str, Any]) -> str:
+    joins = tables.get("group_joins")
+    parts = ["<h3>Join loops (join_group_rate)</h3>", _sentences(tables, "override", JOIN_GROUP_RATE)]
+    if isinstance(joins, pd.DataFrame) and not joins.empty:
+        joins = joins[joins["level"] == "user-client"]
+    if not isinstance(joins, pd.DataFrame) or joins.empty:
+        return "".join([*parts, html_note("No consumer joined a group (no JoinGroup request).")])
+    top = joins.sort_values(["joins", "peak_per_min"], ascending=False).head(_TABLE_ROWS)
+    columns = [
+        ("user", "user", as_text),
+        ("client id", "client_id", as_text),
+        ("new-member joins", "joins", fmt_num),
+        ("JoinGroup requests", "join_requests", fmt_num),
+        ("first", "first_ms", fmt_time),
+        ("over", "span_s", fmt_seconds),
+        ("most in a minute", "peak_per_min", fmt_num),
+        ("median interval", "median_interval_s", fmt_seconds),
+    ]
+    parts.append(html_table(top, columns, text_columns=("user", "client id", "first")))
+    return "".join(parts)
+
+
 def controls(tables: Mapping[str, Any]) -> str:
-    """The section: the bound, then the client-id families."""
+    """The section: the bound, the client-id families, then the join loops."""
     intro = html_note(
         "Controls Kafka does not have: a bound on every throttle, so none outlasts the clients'"
-        " request timeout (what it leaves unpaid is carried over), and one bucket shared by a"
+        " request timeout (what it leaves unpaid is carried over), one bucket shared by a"
         " family of client ids generated per process, which per-id quotas would give a full"
-        " bucket each."
+        " bucket each, and a rate of new-member joins for a consumer caught in a join loop"
+        " (crash-looping: a new connection and a JoinGroup on every start, each rebalancing its"
+        " group). A new-member join is a connection that sent a JoinGroup."
     )
-    return intro + _throttles(tables) + _families(tables)
+    return intro + _throttles(tables) + _families(tables) + _joins(tables)

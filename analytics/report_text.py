@@ -69,6 +69,7 @@ QUOTA_WORDS = {
     "request_percentage": "request time (% of a thread)",
     "max_throttle_ms": "longest throttle",
     "client_id_prefixes": "client-id prefix quotas",
+    "join_group_rate": "new-member group joins/s",
     # the replay names topic quotas by the stage that applies them
     "topic_producer": "produce bytes/s into a topic",
     "topic_consumer": "fetch bytes/s from a topic",
@@ -90,6 +91,9 @@ OPTION_WORDS = {
     "bound_share": "share of throttles over the timeout that calls for a bound",
     "prefix_min_ids": "fewest client ids of a family",
     "prefix_churn": "a family churns when its ids live at most this share of the capture",
+    "join_loop_min": "fewest new-member joins of a join loop",
+    "join_loop_interval_s": "a join loop's longest median interval between joins (s)",
+    "join_every_s": "join_group_rate proposed: one new-member join per this many seconds",
 }
 
 BYTE_QUOTAS = {k for k, words in QUOTA_WORDS.items() if "bytes/s" in words}
@@ -228,6 +232,8 @@ def quota_value(key: Any, value: Any) -> str:
         return f"{fmt_num(value)} ids/s"
     if k == "max_throttle_ms":
         return f"{fmt_ms(value)} ({fmt_num(value)})"
+    if k == "join_group_rate":
+        return f"{fmt_num(value)} /s (a join every {fmt_seconds(1 / float(value))})"
     return fmt_num(value)
 
 
@@ -251,6 +257,8 @@ def applies_to(row: Mapping[str, Any]) -> str:
         return "every throttle (byte rates, strict mutations)"
     if kind == "prefix":
         return f"client ids starting {client} (one bucket together)" if client else "families of client ids"
+    if as_text(row.get("key")) == "join_group_rate" and not (user or client):
+        return "consumers joining their group again and again"
     if topic or level == "topic":
         return (
             "each topic without an override (default)" if topic == DEFAULT else f"topic {topic_label(topic)}"
@@ -278,11 +286,14 @@ def evidence(row: Mapping[str, Any]) -> str:
             "controller_mutation_rate": ("mutation request", "mutation requests"),
             "controller_window.num": ("mutation request", "mutation requests"),
             "max_throttle_ms": ("throttle over the request timeout", "throttles over the request timeout"),
+            "join_group_rate": ("new-member join", "new-member joins"),
         }.get(key, ("request", "requests"))
         parts.append(counted(row["requests"], one, many))
     many_entities = not is_missing(row.get("entities")) and float(row["entities"]) > 1
     if not is_missing(row.get("seconds")):
-        if key not in BYTE_QUOTAS:  # rates of events: counted over the whole capture
+        if key == "join_group_rate":  # the span of the entity's joins
+            parts.append(f"over {fmt_num(row['seconds'])} s")
+        elif key not in BYTE_QUOTAS:  # rates of events: counted over the whole capture
             parts.append(f"over a {fmt_num(row['seconds'])} s capture")
         elif as_text(row.get("kind")) == "prefix":  # a family's seconds, its ids together
             parts.append(f"in {fmt_num(row['seconds'])} s of traffic together")

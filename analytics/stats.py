@@ -15,9 +15,11 @@ tables, in as few Spark actions as possible (each action has a fixed cost that s
    bytes produced and fetched; the topic level is its sums, then the same per-array statistics.
 3. Producer-id pass (ts, principal, producer ids of Produce): the second each (user, producer id)
    was first seen, counted per user and hour.
-4. Throttle pass (api, principal, client id, decided throttle): the throttles decided on Produce
-   and Fetch, counted per 100 ms step (analytics/stats_controls.py: with the families, the
-   evidence for the proxy's operator controls).
+4. Controls pass (api, principal, client id, decided throttle; proxy, connection and time of
+   JoinGroups): the throttles decided on Produce and Fetch, counted per 100 ms step, and the
+   connections that sent a JoinGroup, with the first one's time, per (user, client-id), in one
+   grouping (analytics/stats_controls.py: with the families, the evidence for the proxy's
+   operator controls and its join guard rail).
 
 Definitions (the tables' columns):
 
@@ -627,15 +629,18 @@ def _producer_ids(captures: DataFrame, say: Progress, t0: float) -> pd.DataFrame
     return hourly
 
 
-def _throttles(captures: DataFrame, say: Progress, t0: float) -> pd.DataFrame:
-    """Pass 4: decided Produce and Fetch throttles (the evidence for a bound on them)."""
-    from analytics.stats_controls import throttle_table
+def _controls(captures: DataFrame, say: Progress, t0: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Pass 4: decided Produce and Fetch throttles (the evidence for a bound on them), and the
+    new-member joins of consumer groups (for a join guard rail)."""
+    from analytics.stats_controls import control_tables
 
-    say("throttle pass: decided Produce and Fetch throttles")
-    out = throttle_table(captures)
-    throttled = int(out["requests"].sum())
-    say(f"throttle pass done: {throttled:,} throttled requests, {time.monotonic() - t0:.1f}s")
-    return out
+    say("controls pass: decided Produce and Fetch throttles, JoinGroup connections")
+    times, joins = control_tables(captures)
+    throttled = int(times["requests"].sum())
+    joined = int((joins["level"] == "user-client").sum())
+    took = time.monotonic() - t0
+    say(f"controls pass done: {throttled:,} throttled requests, {joined:,} pairs joining groups, {took:.1f}s")
+    return times, joins
 
 
 def compute(
@@ -655,11 +660,11 @@ def compute(
         entities = pool.submit(_entities, captures, opts, say, t0)
         topics = pool.submit(_topics, captures, opts, say, t0)
         pids = pool.submit(_producer_ids, captures, say, t0)
-        throttles = pool.submit(_throttles, captures, say, t0)
+        controls = pool.submit(_controls, captures, say, t0)
         tables, (records, start_s, end_s) = entities.result()
         topic_tables = topics.result()
         hourly = pids.result()
-        tables["throttle_times"] = throttles.result()
+        tables["throttle_times"], tables["group_joins"] = controls.result()
     seconds = None
     if opts.keep_seconds:
         seconds = Seconds(tables.pop("_seconds"), topic_tables.pop("_seconds"))
@@ -680,5 +685,6 @@ def compute(
         "producer_ids_hourly",
         "client_families",
         "throttle_times",
+        "group_joins",
     ]
     return Stats({name: tables[name] for name in order}, records, start_s, end_s, seconds)

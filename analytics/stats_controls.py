@@ -1,7 +1,7 @@
-"""The capture's evidence for the proxy's two operator controls, in the Spark session.
+"""The capture's evidence for the proxy's operator controls and its join guard rail, in Spark.
 
-Kafka has neither control; the proxy does (docs/quotas.md), and the tuning job proposes them from
-two small tables (the rules that read them are in analytics/propose_controls.py):
+Kafka has none of them; the proxy does (docs/quotas.md), and the tuning job proposes them from
+three small tables (the rules that read them are in analytics/propose_controls.py):
 
 - ``client_families`` (for ``client_id_prefixes``): client ids told apart only by a generated
   suffix, one per process (``app-7f9c1a``, ``app-0b31e2``: the family ``app-``), each of which a
@@ -20,12 +20,28 @@ two small tables (the rules that read them are in analytics/propose_controls.py)
   last_s, requests, and the distribution of the family's bytes per active second (all its ids
   and users together), as in ``entity_rates``: active_s, total_bytes, p50_bps, p95_bps,
   p99_bps, max_bps.
-- ``throttle_times`` (for ``max_throttle_ms``, a pass of its own, ``throttle_table``): the
-  throttles the proxy decided on Produce and Fetch requests (``decided_throttle_ms`` > 0,
-  applied or not: dry-run captures count), in steps of ``THROTTLE_STEP_MS``. Columns: direction,
-  throttle_ms (the step's upper end: the decided throttle rounded up), requests (decided a
-  throttle in the step), longest_for ((user, client-id) entities whose longest throttle of that
-  direction is in the step). Counts above any whole step are exact, percentiles to a step.
+- ``throttle_times`` (for ``max_throttle_ms``): the throttles the proxy decided on Produce and
+  Fetch requests (``decided_throttle_ms`` > 0, applied or not: dry-run captures count), in steps
+  of ``THROTTLE_STEP_MS``. Columns: direction, throttle_ms (the step's upper end: the decided
+  throttle rounded up), requests (decided a throttle in the step), longest_for ((user,
+  client-id) entities whose longest throttle of that direction is in the step). Counts above
+  any whole step are exact, percentiles to a step.
+- ``group_joins`` (for ``join_group_rate``, the guard rail of quota/group_requests.py): each
+  entity's *new-member joins*, a connection (``proxy``, ``conn``) that sent at least one
+  JoinGroup (api 11) counting once, at its first JoinGroup's time. The capture has no member id;
+  a consumer joins as a new member once per connection, and one that crash-loops makes a new
+  connection on every start, while a healthy member rejoins on the connection it has. One row
+  per entity with a join, at the levels ``user-client`` (the (user, client-id) pair: the
+  evidence) and ``client`` (a client id, its users together: what a ``clients.C`` quota holds).
+  Columns: level, user ('' at the client level), client_id, joins, join_requests (every
+  JoinGroup of those connections: also a member's second join with the id the broker gave it,
+  KIP-394, and its rejoins), first_ms, last_ms (the first and last join), span_s (between
+  them), peak_per_min (most joins in any 60 s), median_interval_s (the median time between
+  consecutive joins; NaN for one join). A proxy restarted under the same instance name numbers
+  its connections anew: a connection id of both runs counts once.
+
+The last two are one read of the capture and one shuffle (``control_requests``: the controls
+pass), persisted while each table is taken from it (``control_tables``).
 """
 
 from __future__ import annotations
@@ -34,9 +50,11 @@ import math
 import re
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
 from analytics.stats import DIST_COLUMNS, FETCH, PRODUCE, _melt, _pandas
+from quota.group_requests import JOIN_GROUP
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -51,6 +69,9 @@ STEM_PATTERN = rf"^(.*?[-_.]){_PART}(?:[-_.]{_PART})*$"
 FAMILY_KEYS = ["prefix", "client_ids", "peak_ids", "median_life_s", "first_s", "last_s"]
 FAMILY_COLUMNS = [*FAMILY_KEYS[:1], "direction", *FAMILY_KEYS[1:], "requests", *DIST_COLUMNS]
 THROTTLE_COLUMNS = ["direction", "throttle_ms", "requests", "longest_for"]
+JOIN = "join"  # the controls pass's direction of JoinGroup requests
+JOIN_STAT_COLUMNS = ["joins", "first_ms", "last_ms", "span_s", "peak_per_min", "median_interval_s"]
+JOIN_COLUMNS = ["level", "user", "client_id", "joins", "join_requests", *JOIN_STAT_COLUMNS[1:]]
 
 
 def stem(client_id: str) -> str:
@@ -85,20 +106,35 @@ def family_table(wide: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["direction", "p99_bps"], ascending=[True, False], ignore_index=True)
 
 
-def throttle_times(captures: DataFrame) -> DataFrame:
-    """Decided Produce and Fetch throttles per direction and step (module docstring)."""
-    from pyspark.sql import Window
+def control_requests(captures: DataFrame) -> DataFrame:
+    """The controls pass, grouped once for both of its tables: decided throttles of Produce and
+    Fetch per (direction, principal, client id, step), and JoinGroup requests per (principal,
+    client id, proxy, conn) (direction ``join``, no step) with the first one's time, first_ms."""
     from pyspark.sql import functions as F
 
     api, decided = F.col("api_key"), F.col("decided_throttle_ms")
-    steps = captures.where(api.isin(0, 1) & (decided > 0)).select(
-        F.when(api == 0, F.lit(PRODUCE)).otherwise(F.lit(FETCH)).alias("direction"),
+    join = api == JOIN_GROUP
+    step = F.ceil(decided / THROTTLE_STEP_MS) * THROTTLE_STEP_MS
+    rows = captures.where((api.isin(0, 1) & (decided > 0)) | join).select(
+        F.when(join, F.lit(JOIN)).when(api == 0, F.lit(PRODUCE)).otherwise(F.lit(FETCH)).alias("direction"),
         "principal",
         "client_id",
-        (F.ceil(decided / THROTTLE_STEP_MS) * THROTTLE_STEP_MS).cast("long").alias("throttle_ms"),
+        F.when(~join, step).cast("long").alias("throttle_ms"),
+        *[F.when(join, F.col(c)).alias(c) for c in ("proxy", "conn", "ts_ms")],
     )
+    return rows.groupBy("direction", "principal", "client_id", "throttle_ms", "proxy", "conn").agg(
+        F.count(F.lit(1)).alias("requests"), F.min("ts_ms").alias("first_ms")
+    )
+
+
+def throttle_times(requests: DataFrame) -> DataFrame:
+    """Decided Produce and Fetch throttles per direction and step (module docstring), from the
+    controls pass (``control_requests``)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    per_entity = requests.where(F.col("direction") != JOIN)
     entity = ["direction", "principal", "client_id"]
-    per_entity = steps.groupBy(*entity, "throttle_ms").agg(F.count(F.lit(1)).alias("requests"))
     longest = F.max("throttle_ms").over(Window.partitionBy(*entity))
     return (
         per_entity.withColumn("longest", longest)
@@ -110,15 +146,73 @@ def throttle_times(captures: DataFrame) -> DataFrame:
     )
 
 
+def join_times(requests: DataFrame) -> DataFrame:
+    """Per (user, client-id) pair and per client id: the new-member joins' times, sorted (one per
+    connection, its first JoinGroup), and the JoinGroup requests of those connections."""
+    from pyspark.sql import functions as F
+
+    joins = requests.where(F.col("direction") == JOIN)
+    sets = [["principal", "client_id"], ["client_id"]]
+    grouped = joins.groupingSets(sets, "principal", "client_id").agg(
+        F.array_sort(F.collect_list("first_ms")).alias("join_ms"),
+        F.sum("requests").alias("join_requests"),
+        F.grouping("principal").alias("g_user"),
+    )
+    pair = F.col("g_user") == 0
+    return grouped.select(
+        F.when(pair, F.lit("user-client")).otherwise(F.lit("client")).alias("level"),
+        F.when(pair, F.coalesce("principal", F.lit(""))).otherwise(F.lit("")).alias("user"),
+        F.coalesce("client_id", F.lit("")).alias("client_id"),
+        "join_ms",
+        "join_requests",
+    )
+
+
 def step_percentile(steps: pd.Series, counts: pd.Series, p: float) -> int:
     """Nearest rank over a histogram (``steps`` sorted, ``counts`` per step; not empty)."""
     rank = max(1, math.ceil(p * int(counts.sum()) - 1e-9))
     return int(steps[(counts.cumsum() >= rank).to_numpy()].iloc[0])
 
 
-def throttle_table(captures: DataFrame) -> pd.DataFrame:
+def throttle_table(requests: DataFrame) -> pd.DataFrame:
     """``throttle_times`` on the driver, by direction and step."""
-    out = _pandas(throttle_times(captures)).reindex(columns=THROTTLE_COLUMNS)
+    out = _pandas(throttle_times(requests)).reindex(columns=THROTTLE_COLUMNS)
     for c in THROTTLE_COLUMNS[1:]:
         out[c] = out[c].fillna(0).astype("int64")
     return out.sort_values(["direction", "throttle_ms"], ignore_index=True)
+
+
+def join_stats(join_ms: np.ndarray) -> tuple[int, int, int, float, int, float]:
+    """One entity's joins (times in ms, sorted): joins, first_ms, last_ms, span_s, peak_per_min,
+    median_interval_s."""
+    ms = np.asarray(join_ms, dtype=np.int64)
+    peak = int((np.searchsorted(ms, ms + 60_000, side="left") - np.arange(len(ms))).max())
+    median = float(np.median(np.diff(ms))) / 1000 if len(ms) > 1 else math.nan
+    return len(ms), int(ms[0]), int(ms[-1]), (int(ms[-1]) - int(ms[0])) / 1000, peak, median
+
+
+def join_table(requests: DataFrame) -> pd.DataFrame:
+    """``group_joins`` (module docstring): the joins' times from Spark, one row per entity, read
+    on the driver."""
+    times = _pandas(join_times(requests))
+    stats = [join_stats(ms) for ms in times["join_ms"]]
+    out = pd.DataFrame(stats, columns=JOIN_STAT_COLUMNS, index=times.index)
+    out = pd.concat([times[["level", "user", "client_id", "join_requests"]], out], axis=1)
+    out = out.reindex(columns=JOIN_COLUMNS)
+    for c in ["joins", "join_requests", "first_ms", "last_ms", "peak_per_min"]:
+        out[c] = out[c].astype("int64")
+    for c in ["span_s", "median_interval_s"]:
+        out[c] = out[c].astype("float64")
+    order = ["level", "joins", "user", "client_id"]
+    return out.sort_values(order, ascending=[False, False, True, True], ignore_index=True)
+
+
+def control_tables(captures: DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``throttle_times`` and ``group_joins`` from one controls pass, persisted between them."""
+    from pyspark import StorageLevel
+
+    requests = control_requests(captures).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        return throttle_table(requests), join_table(requests)
+    finally:
+        requests.unpersist()

@@ -46,11 +46,17 @@ analytics/propose_controls.py):
   only by a generated suffix, their bytes together; analytics/stats_controls.py)
 - throttle_times: direction, throttle_ms (decided, rounded up to 100 ms), requests, longest_for
   (the throttles decided on Produce and Fetch; the entities whose longest is in the step)
+- group_joins: level (user-client|client), user, client_id, joins, join_requests, first_ms,
+  last_ms, span_s, peak_per_min, median_interval_s (new-member joins of consumer groups: the
+  connections (proxy, conn) that sent a JoinGroup, each at its first; the most in any 60 s, the
+  median time between them; analytics/stats_controls.py)
 - proposal: kind (default|override|window|excluded|prefix|bound), level, user, client_id, topic,
   key, value, observed, basis, requests, seconds, entities (the evidence), written, note (why
-  not written, or for a prefix and the bound what the capture showed); ``prefix`` rows are
-  ``client_id_prefixes`` (client_id: the prefix), the ``bound`` row ``max_throttle_ms``
-  (analytics/propose_controls.py)
+  not written, or for a prefix, the bound and a join rate what the capture showed); ``prefix``
+  rows are ``client_id_prefixes`` (client_id: the prefix), the ``bound`` row ``max_throttle_ms``,
+  ``override`` rows of key ``join_group_rate`` an entity in a join loop (observed: its most
+  joins in a minute; requests: its joins; seconds: their span) and one not written for the
+  entities of 2 joins or more in none (analytics/propose_controls.py)
 - replay: what ``analytics.replay.replay`` returns (when available)
 
 ``meta`` for the report: input, files, records, start_ms, end_ms, span_s, options, stages
@@ -120,6 +126,58 @@ class Progress:
         self(f"{name}: done in {took:.1f}s")
 
 
+def _control_args(p: argparse.ArgumentParser) -> None:
+    """The options of the operator controls' and the join guard rail's proposals."""
+    p.add_argument(
+        "--request-timeout-ms",
+        type=int,
+        default=30_000,
+        help="clients' request.timeout.ms: propose max_throttle_ms when throttles outlast it (30000)",
+    )
+    p.add_argument(
+        "--poll-interval-ms",
+        type=int,
+        default=300_000,
+        help="consumers' max.poll.interval.ms: one fetch throttled longer calls for a bound (300000)",
+    )
+    p.add_argument(
+        "--bound-share",
+        type=float,
+        default=0.01,
+        help="share of throttled requests over the request timeout that calls for a bound (0.01)",
+    )
+    p.add_argument(
+        "--prefix-min-ids",
+        type=int,
+        default=5,
+        help="client ids a family of generated ids needs for a client_id_prefixes quota (5)",
+    )
+    p.add_argument(
+        "--prefix-churn",
+        type=float,
+        default=0.5,
+        help="a family churns when its ids' median lifetime is at most this share of the capture (0.5)",
+    )
+    p.add_argument(
+        "--join-loop-min",
+        type=int,
+        default=10,
+        help="new-member joins of one entity a join loop has at least, for join_group_rate (10)",
+    )
+    p.add_argument(
+        "--join-loop-interval-s",
+        type=float,
+        default=60.0,
+        help="a join loop's median interval between new-member joins is at most this (60)",
+    )
+    p.add_argument(
+        "--join-every-s",
+        type=float,
+        default=30.0,
+        help="join_group_rate proposed for a join loop: one new-member join per this many seconds (30)",
+    )
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="tune", description="Propose kthrottle quotas from capture files (a PySpark job)."
@@ -161,36 +219,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=3.0,
         help="write no byte-rate value resting on fewer seconds than this many 11 s quota windows (3)",
     )
-    p.add_argument(
-        "--request-timeout-ms",
-        type=int,
-        default=30_000,
-        help="clients' request.timeout.ms: propose max_throttle_ms when throttles outlast it (30000)",
-    )
-    p.add_argument(
-        "--poll-interval-ms",
-        type=int,
-        default=300_000,
-        help="consumers' max.poll.interval.ms: one fetch throttled longer calls for a bound (300000)",
-    )
-    p.add_argument(
-        "--bound-share",
-        type=float,
-        default=0.01,
-        help="share of throttled requests over the request timeout that calls for a bound (0.01)",
-    )
-    p.add_argument(
-        "--prefix-min-ids",
-        type=int,
-        default=5,
-        help="client ids a family of generated ids needs for a client_id_prefixes quota (5)",
-    )
-    p.add_argument(
-        "--prefix-churn",
-        type=float,
-        default=0.5,
-        help="a family churns when its ids' median lifetime is at most this share of the capture (0.5)",
-    )
+    _control_args(p)
     p.add_argument(
         "--skip-replay", action="store_true", help="do not replay the traffic through the proposal"
     )
@@ -263,6 +292,9 @@ def _options(args: argparse.Namespace) -> tuple[StatsOptions, ProposeOptions]:
             bound_share=args.bound_share,
             prefix_min_ids=args.prefix_min_ids,
             prefix_churn=args.prefix_churn,
+            join_loop_min=args.join_loop_min,
+            join_loop_interval_s=args.join_loop_interval_s,
+            join_every_s=args.join_every_s,
         )
     except ValueError as exc:
         raise InputError(str(exc)) from exc
@@ -330,6 +362,9 @@ def _meta(
             "bound_share": args.bound_share,
             "prefix_min_ids": args.prefix_min_ids,
             "prefix_churn": args.prefix_churn,
+            "join_loop_min": args.join_loop_min,
+            "join_loop_interval_s": args.join_loop_interval_s,
+            "join_every_s": args.join_every_s,
             "controller_window_s": stats_opts.controller_window_s,
             "sustained_window_s": stats_opts.sustained_window_s,
         },

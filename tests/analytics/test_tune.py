@@ -43,6 +43,7 @@ TABLES = (
     "producer_ids_hourly",
     "client_families",
     "throttle_times",
+    "group_joins",
     "proposal",
 )
 
@@ -207,9 +208,10 @@ def test_abusive_admin_does_not_set_the_mutation_quota(
 
 
 def test_stable_ids_and_short_throttles_propose_no_control(report: Path, cfg: QuotaConfig) -> None:
-    """The generated capture's client ids stay (reporting-job-0 ... 9 all the while) and its
-    throttles are short (under 400 ms): neither a client-id prefix nor a bound is written, and the
-    proposal's rows say why (analytics/propose_controls.py; the other side: test_tune_controls.py)."""
+    """The generated capture's client ids stay (reporting-job-0 ... 9 all the while), its
+    throttles are short (under 400 ms) and it has no JoinGroup: neither a client-id prefix, nor a
+    bound, nor a join rate is written, and the proposal's rows say why
+    (analytics/propose_controls.py; the other side: test_tune_controls.py)."""
     assert not cfg.client_id_prefixes and cfg.max_throttle_ms is None
     fams = table(report, "client_families").set_index(["prefix", "direction"])
     family = fams.loc[("reporting-job-", "produce")]
@@ -221,6 +223,10 @@ def test_stable_ids_and_short_throttles_propose_no_control(report: Path, cfg: Qu
     bound = proposal[proposal["kind"] == "bound"].iloc[0]
     assert not bound["written"] and bound["note"].startswith("not needed: 0.0% (0) of")
     assert 0 < table(report, "throttle_times")["throttle_ms"].max() <= 400
+    assert table(report, "group_joins").empty  # no consumer in it: no join rate, and the row says why
+    joins = proposal[proposal["key"] == "join_group_rate"]
+    assert len(joins) == 1 and not joins.iloc[0]["written"]
+    assert joins.iloc[0]["note"].endswith("at most 60 s): no JoinGroup in the capture")
 
 
 def test_report_tables_make_sense(report: Path, captures: tuple[Path, GeneratedTruth]) -> None:

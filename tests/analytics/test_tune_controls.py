@@ -1,10 +1,12 @@
 """The proposals for the proxy's operator controls (analytics/propose_controls.py): a bound on
-throttles when the capture's decided throttles outlast the clients' request timeout, and a shared
-bucket for a family of churning generated client ids; neither when the capture shows no need.
+throttles when the capture's decided throttles outlast the clients' request timeout, a shared
+bucket for a family of churning generated client ids, and a join_group_rate for a consumer in a
+join loop; none of them when the capture shows no need.
 
 A small hand-made capture of 600 s, its statistics computed once on the shared session, and
-hand-made statistics for the rules alone. The other side, a capture of stable client ids and short
-throttles proposing neither, is the shared generated capture (tests/analytics/test_tune.py).
+hand-made statistics for the rules alone. The other side, a capture of stable client ids, short
+throttles and no JoinGroup proposing none, is the shared generated capture
+(tests/analytics/test_tune.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,12 +23,13 @@ import pytest
 import yaml
 
 from analytics.propose import ProposeOptions, propose
-from analytics.propose_controls import bound_value, nice_down
+from analytics.propose_controls import bound_value, join_rate, nice_down
 from analytics.stats import Stats, compute
-from analytics.stats_controls import stem
+from analytics.stats_controls import JOIN_STAT_COLUMNS, join_stats, stem
 from quota.capture_schema import arrow_schema
 from quota.entities import resolve
-from quota.keys import ANONYMOUS, DEFAULT, PRODUCER_BYTE_RATE
+from quota.group_requests import JOIN_GROUP
+from quota.keys import ANONYMOUS, DEFAULT, JOIN_GROUP_RATE, PRODUCER_BYTE_RATE
 
 START_MS = 1_767_225_600_000
 SPAN_S = 600
@@ -33,6 +37,7 @@ GEN_IDS = [f"gen-{hashlib.sha1(str(i).encode()).hexdigest()[:10]}" for i in rang
 GEN_BYTES = 10_000  # each generated id's produce bytes per second
 CLIENT = ProposeOptions(default_level="client")
 LEVELS = (("user-client", "u"), ("client", ""))
+LOOPER = "orders-worker"
 
 
 def record(
@@ -77,6 +82,26 @@ def churning() -> list[dict[str, Any]]:
     return rows
 
 
+def join(ms: int, client_id: str, conn: int) -> dict[str, Any]:
+    """A JoinGroup ``ms`` after the capture's start, on connection ``conn`` of proxy p."""
+    row = record(0, client_id, JOIN_GROUP, 0)
+    row.update(ts_ms=START_MS + ms, conn=conn, api_version=9, request_bytes=300, response_bytes=200)
+    row.update(partitions=[])
+    return row
+
+
+def joins() -> list[dict[str, Any]]:
+    """A consumer crash-looping from 100 s: 20 starts 5 s apart, each a new connection joining
+    twice (as a new member, then with the member id the broker gave it, KIP-394); a healthy
+    group of 3 members that join at 10-12 s and rejoin on their connections in a rebalance at
+    300 s; a job restarted 10 times, 65 s apart (slower than a loop)."""
+    rows = [join(100_000 + 5_000 * i + d, LOOPER, 1_000 + i) for i in range(20) for d in (0, 50)]
+    rows += [join(s * 1_000, "billing-consumer", 2_000 + s) for s in (10, 11, 12)]
+    rows += [join(300_000 + s, "billing-consumer", 2_000 + s) for s in (10, 11, 12)]
+    rows += [join(65_000 * i, "nightly-job", 3_000 + i) for i in range(10)]
+    return rows
+
+
 def write(rows: list[dict[str, Any]], directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema()), directory / "capture.parquet")  # type: ignore[arg-type]
@@ -85,7 +110,7 @@ def write(rows: list[dict[str, Any]], directory: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def churning_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write(churning(), tmp_path_factory.mktemp("churning"))
+    return write(churning() + joins(), tmp_path_factory.mktemp("churning"))
 
 
 @pytest.fixture(scope="module")
@@ -223,8 +248,115 @@ def test_a_members_own_override_gives_way_to_the_prefix() -> None:
     )
 
 
+def test_a_join_loop_proposes_join_group_rate(churning_stats: Stats) -> None:
+    """The looper's 20 connections are 20 new-member joins (its 40 JoinGroups are not); the
+    healthy group's rejoins on their connections are no new joins."""
+    joined = churning_stats.tables["group_joins"].set_index(["level", "user", "client_id"])
+    loop = joined.loc[("user-client", "svc", LOOPER)]
+    assert loop["joins"] == 20 and loop["join_requests"] == 40 and loop["span_s"] == 95.0
+    assert loop["first_ms"] == START_MS + 100_000 and loop["last_ms"] == START_MS + 195_000
+    assert loop["peak_per_min"] == 12 and loop["median_interval_s"] == 5.0
+    assert joined.loc[("client", "", LOOPER), "joins"] == 20  # its users together
+    healthy = joined.loc[("user-client", "svc", "billing-consumer")]
+    assert healthy["joins"] == 3 and healthy["join_requests"] == 6 and healthy["median_interval_s"] == 1.0
+    assert joined.loc[("user-client", "svc", "nightly-job"), "median_interval_s"] == 65.0
+
+    proposal = propose(churning_stats, ProposeOptions())  # defaults per (user, client-id): the pair's
+    assert proposal.config.users["svc"].clients[LOOPER].join_group_rate == 0.033
+    match = resolve(proposal.config, "svc", LOOPER, JOIN_GROUP_RATE)
+    assert match is not None and match.level == 1 and match.bucket == ("svc", LOOPER)
+    assert resolve(proposal.config, "svc", "billing-consumer", JOIN_GROUP_RATE) is None
+    rows = proposal.table[proposal.table["key"] == JOIN_GROUP_RATE]
+    row = rows[rows["written"]].iloc[0]
+    assert len(rows[rows["written"]]) == 1 and row["kind"] == "override" and row["level"] == "user-client"
+    assert (row["user"], row["client_id"], row["value"], row["observed"]) == ("svc", LOOPER, 0.033, 12)
+    assert (row["requests"], row["seconds"], row["entities"]) == (20, 95, 1)
+    assert row["basis"] == (
+        "a join loop (10+ new-member joins, median interval at most 60 s): one join per 30 s,"
+        " to 2 significant digits"
+    )
+    assert row["note"] == (
+        "join loop: 20 new-member joins (one per connection) from 2026-01-01 00:01:40Z to"
+        " 2026-01-01 00:03:15Z (95 s), at most 12 in a minute, median interval 5 s"
+    )
+    assert f"# join_group_rate 0.033 (svc/{LOOPER}): join loop: 20 new-member joins" in proposal.yaml
+    rest = rows[~rows["written"]].iloc[0]
+    assert rest["entities"] == 2 and rest["note"].startswith(
+        "no join loop for any other entity (10 or more new-member joins of one entity at a median"
+        " interval of at most 60 s): svc/nightly-job: 10 new-member joins"
+    )
+    assert (
+        rest["note"].endswith("at most 3 in a minute, median interval 1 s, fewer than 10 joins")
+        and "median interval 65 s, a median interval over 60 s; svc/billing-consumer" in rest["note"]
+    )
+
+    # With the defaults at the client level, where a byte-rate override of a client id goes.
+    clients = propose(churning_stats, CLIENT).config
+    assert clients.clients[LOOPER].join_group_rate == 0.033
+    match = resolve(clients, "svc", LOOPER, JOIN_GROUP_RATE)
+    assert match is not None and match.level == 7 and match.bucket == ("", LOOPER)
+
+
+def joins_of(stats: Stats, keep: pd.DataFrame) -> Stats:
+    """The churning capture's statistics with other group joins."""
+    return Stats({**stats.tables, "group_joins": keep}, stats.records, stats.start_s, stats.end_s)
+
+
+def test_no_join_loop_proposes_no_join_group_rate(churning_stats: Stats) -> None:
+    """Without the looper, a healthy group (3 joins) and a job restarted slowly: nothing written,
+    and the row says why for each; a capture with no JoinGroup says that."""
+    joined = churning_stats.tables["group_joins"]
+    proposal = propose(joins_of(churning_stats, joined[joined["client_id"] != LOOPER]))
+    assert resolve(proposal.config, "svc", LOOPER, JOIN_GROUP_RATE) is None
+    assert "join_group_rate" not in proposal.yaml
+    rows = proposal.table[proposal.table["key"] == JOIN_GROUP_RATE]
+    assert len(rows) == 1 and not rows.iloc[0]["written"] and rows.iloc[0]["entities"] == 2
+    note = rows.iloc[0]["note"]
+    assert note.startswith("not needed: no join loop (10 or more new-member joins of one entity")
+    assert "svc/nightly-job: 10 new-member joins" in note and "svc/billing-consumer: 3" in note
+    none = propose(joins_of(churning_stats, joined.iloc[0:0]))
+    row = none.table[none.table["key"] == JOIN_GROUP_RATE].iloc[0]
+    assert not row["written"] and row["note"].endswith(": no JoinGroup in the capture")
+
+
+def test_a_loop_slower_than_the_rate_says_so(churning_stats: Stats) -> None:
+    """A loop of joins 45 s apart passes a join every 30 s: written as the rule says, with a note
+    that it would not be held back; one join per 60 s would hold it."""
+    ms = START_MS + np.arange(12) * 45_000
+    row = dict(zip(JOIN_STAT_COLUMNS, join_stats(ms), strict=True))
+    assert row == {
+        "joins": 12,
+        "first_ms": START_MS,
+        "last_ms": START_MS + 495_000,
+        "span_s": 495.0,
+        "peak_per_min": 2,
+        "median_interval_s": 45.0,
+    }
+    slow = pd.DataFrame(
+        [{"level": "user-client", "user": "svc", "client_id": "slow", "join_requests": 12, **row}]
+    )
+    note = propose(joins_of(churning_stats, slow)).table.set_index("client_id").loc["slow", "note"]
+    assert note.endswith(
+        "; at its median interval the rate would not hold it back (a join every 30.3 s passes):"
+        " a --join-every-s over 45 would"
+    )
+    patient = propose(joins_of(churning_stats, slow), ProposeOptions(join_every_s=60))
+    assert patient.config.users["svc"].clients["slow"].join_group_rate == 0.017
+    assert "would not hold" not in patient.table.set_index("client_id").loc["slow", "note"]
+
+
+def test_rounding_of_the_join_rate() -> None:
+    assert join_rate(ProposeOptions()) == 0.033 and join_rate(ProposeOptions(join_every_s=20)) == 0.05
+    assert join_rate(ProposeOptions(join_every_s=45)) == 0.022
+    with pytest.raises(ValueError, match="join-loop-min"):
+        ProposeOptions(join_loop_min=1)
+    with pytest.raises(ValueError, match="join-every-s"):
+        ProposeOptions(join_every_s=0)
+
+
 def test_the_proxy_loads_the_controls(churning_stats: Stats, tmp_path: Path) -> None:
-    """quotas.yaml with both controls loads with the proxy's own loader; the report says them."""
+    """quotas.yaml with the controls and a join rate loads with the proxy's own loader; the
+    report says them."""
     from analytics.report import write_report
     from proxy.config import load_config
 
@@ -232,15 +364,18 @@ def test_the_proxy_loads_the_controls(churning_stats: Stats, tmp_path: Path) -> 
     doc = yaml.safe_load(proposal.yaml)
     assert doc["quotas"]["max_throttle_ms"] == 20_000
     assert doc["quotas"]["client_id_prefixes"] == {"gen-": {"producer_byte_rate": 30_000}}
+    assert doc["quotas"]["clients"][LOOPER] == {"join_group_rate": 0.033}
     (tmp_path / "quotas.yaml").write_text(proposal.yaml)
     (tmp_path / "kthrottle.yaml").write_text(
         "gateway: {upstream_bootstrap: ['127.0.0.1:9092']}\nquotas_file: quotas.yaml\n"
     )
     assert load_config(tmp_path / "kthrottle.yaml").quotas == proposal.config
-    names = ("client_families", "throttle_times")
+    names = ("client_families", "throttle_times", "group_joins")
     tables = {"proposal": proposal.table, **{n: churning_stats.tables[n] for n in names}}
     write_report(tmp_path / "report.html", tables, proposal.yaml, {})
     html = (tmp_path / "report.html").read_text()
     assert "client ids starting gen- (one bucket together)" in html
     assert "longest throttle (max_throttle_ms)" in html and "20.0 s (20,000)" in html
     assert "Operator controls" in html and "16.7% (20) of 120 throttled requests" in html
+    assert "Join loops (join_group_rate)" in html and "new-member joins" in html
+    assert f"{LOOPER} join_group_rate 0.033 /s (a join every 30.3 s), written: join loop: 20" in html
