@@ -120,7 +120,7 @@ class ProposeOptions:
     # median interval of at most this many seconds; the rate proposed is one join per join_every_s.
     join_loop_min: int = 10
     join_loop_interval_s: float = 60.0
-    join_every_s: float = 30.0
+    join_every_s: float = 120.0
 
     def __post_init__(self) -> None:
         if not 0 < self.coverage <= 1:

@@ -27,8 +27,8 @@ comes first and would give a member a full bucket of its own again.
 joins its group as a new member on every start, from a new connection, and every join
 rebalances the group. An entity is in a *join loop* when ``group_joins`` (analytics/
 stats_controls.py) shows at least ``join_loop_min`` new-member joins at a median interval of at
-most ``join_loop_interval_s``; it gets ``join_group_rate``, one join per ``join_every_s`` (30 s:
-0.033, rounded to 2 significant digits): a healthy consumer joins once per start, far less
+most ``join_loop_interval_s``; it gets ``join_group_rate``, one join per ``join_every_s`` (120 s:
+0.0083, rounded to 2 significant digits): a healthy consumer joins once per start, far less
 often, and the loop is held to it (a loop whose median interval is longer than one join at that
 rate would not be: its note says so). Placed as a byte-rate override is (analytics/propose.py):
 the client id (``clients.C``, level 7, one bucket for the id across users) with ``default_level``

@@ -173,8 +173,8 @@ def _control_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--join-every-s",
         type=float,
-        default=30.0,
-        help="join_group_rate proposed for a join loop: one new-member join per this many seconds (30)",
+        default=120.0,
+        help="join_group_rate proposed for a join loop: one new-member join per this many seconds (120)",
     )
 
 

@@ -262,24 +262,24 @@ def test_a_join_loop_proposes_join_group_rate(churning_stats: Stats) -> None:
     assert joined.loc[("user-client", "svc", "nightly-job"), "median_interval_s"] == 65.0
 
     proposal = propose(churning_stats, ProposeOptions())  # defaults per (user, client-id): the pair's
-    assert proposal.config.users["svc"].clients[LOOPER].join_group_rate == 0.033
+    assert proposal.config.users["svc"].clients[LOOPER].join_group_rate == 0.0083
     match = resolve(proposal.config, "svc", LOOPER, JOIN_GROUP_RATE)
     assert match is not None and match.level == 1 and match.bucket == ("svc", LOOPER)
     assert resolve(proposal.config, "svc", "billing-consumer", JOIN_GROUP_RATE) is None
     rows = proposal.table[proposal.table["key"] == JOIN_GROUP_RATE]
     row = rows[rows["written"]].iloc[0]
     assert len(rows[rows["written"]]) == 1 and row["kind"] == "override" and row["level"] == "user-client"
-    assert (row["user"], row["client_id"], row["value"], row["observed"]) == ("svc", LOOPER, 0.033, 12)
+    assert (row["user"], row["client_id"], row["value"], row["observed"]) == ("svc", LOOPER, 0.0083, 12)
     assert (row["requests"], row["seconds"], row["entities"]) == (20, 95, 1)
     assert row["basis"] == (
-        "a join loop (10+ new-member joins, median interval at most 60 s): one join per 30 s,"
+        "a join loop (10+ new-member joins, median interval at most 60 s): one join per 120 s,"
         " to 2 significant digits"
     )
     assert row["note"] == (
         "join loop: 20 new-member joins (one per connection) from 2026-01-01 00:01:40Z to"
         " 2026-01-01 00:03:15Z (95 s), at most 12 in a minute, median interval 5 s"
     )
-    assert f"# join_group_rate 0.033 (svc/{LOOPER}): join loop: 20 new-member joins" in proposal.yaml
+    assert f"# join_group_rate 0.0083 (svc/{LOOPER}): join loop: 20 new-member joins" in proposal.yaml
     rest = rows[~rows["written"]].iloc[0]
     assert rest["entities"] == 2 and rest["note"].startswith(
         "no join loop for any other entity (10 or more new-member joins of one entity at a median"
@@ -292,7 +292,7 @@ def test_a_join_loop_proposes_join_group_rate(churning_stats: Stats) -> None:
 
     # With the defaults at the client level, where a byte-rate override of a client id goes.
     clients = propose(churning_stats, CLIENT).config
-    assert clients.clients[LOOPER].join_group_rate == 0.033
+    assert clients.clients[LOOPER].join_group_rate == 0.0083
     match = resolve(clients, "svc", LOOPER, JOIN_GROUP_RATE)
     assert match is not None and match.level == 7 and match.bucket == ("", LOOPER)
 
@@ -320,7 +320,8 @@ def test_no_join_loop_proposes_no_join_group_rate(churning_stats: Stats) -> None
 
 
 def test_a_loop_slower_than_the_rate_says_so(churning_stats: Stats) -> None:
-    """A loop of joins 45 s apart passes a join every 30 s: written as the rule says, with a note
+    """A loop of joins 45 s apart passes a join every 30 s (a --join-every-s below the loop's
+    interval): written as the rule says, with a note
     that it would not be held back; one join per 60 s would hold it."""
     ms = START_MS + np.arange(12) * 45_000
     row = dict(zip(JOIN_STAT_COLUMNS, join_stats(ms), strict=True))
@@ -335,7 +336,8 @@ def test_a_loop_slower_than_the_rate_says_so(churning_stats: Stats) -> None:
     slow = pd.DataFrame(
         [{"level": "user-client", "user": "svc", "client_id": "slow", "join_requests": 12, **row}]
     )
-    note = propose(joins_of(churning_stats, slow)).table.set_index("client_id").loc["slow", "note"]
+    hasty = ProposeOptions(join_every_s=30)
+    note = propose(joins_of(churning_stats, slow), hasty).table.set_index("client_id").loc["slow", "note"]
     assert note.endswith(
         "; at its median interval the rate would not hold it back (a join every 30.3 s passes):"
         " a --join-every-s over 45 would"
@@ -346,7 +348,7 @@ def test_a_loop_slower_than_the_rate_says_so(churning_stats: Stats) -> None:
 
 
 def test_rounding_of_the_join_rate() -> None:
-    assert join_rate(ProposeOptions()) == 0.033 and join_rate(ProposeOptions(join_every_s=20)) == 0.05
+    assert join_rate(ProposeOptions()) == 0.0083 and join_rate(ProposeOptions(join_every_s=20)) == 0.05
     assert join_rate(ProposeOptions(join_every_s=45)) == 0.022
     with pytest.raises(ValueError, match="join-loop-min"):
         ProposeOptions(join_loop_min=1)
@@ -364,7 +366,7 @@ def test_the_proxy_loads_the_controls(churning_stats: Stats, tmp_path: Path) -> 
     doc = yaml.safe_load(proposal.yaml)
     assert doc["quotas"]["max_throttle_ms"] == 20_000
     assert doc["quotas"]["client_id_prefixes"] == {"gen-": {"producer_byte_rate": 30_000}}
-    assert doc["quotas"]["clients"][LOOPER] == {"join_group_rate": 0.033}
+    assert doc["quotas"]["clients"][LOOPER] == {"join_group_rate": 0.0083}
     (tmp_path / "quotas.yaml").write_text(proposal.yaml)
     (tmp_path / "kthrottle.yaml").write_text(
         "gateway: {upstream_bootstrap: ['127.0.0.1:9092']}\nquotas_file: quotas.yaml\n"
@@ -378,4 +380,4 @@ def test_the_proxy_loads_the_controls(churning_stats: Stats, tmp_path: Path) -> 
     assert "longest throttle (max_throttle_ms)" in html and "20.0 s (20,000)" in html
     assert "Operator controls" in html and "16.7% (20) of 120 throttled requests" in html
     assert "Join loops (join_group_rate)" in html and "new-member joins" in html
-    assert f"{LOOPER} join_group_rate 0.033 /s (a join every 30.3 s), written: join loop: 20" in html
+    assert f"{LOOPER} join_group_rate 0.0083 /s (a join every 2.0 min), written: join loop: 20" in html
