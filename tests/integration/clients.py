@@ -251,9 +251,11 @@ def close_kafka_python_producer(producer: Any, timeout: float = 5) -> None:
         producer.close(timeout)
     except KafkaTimeoutError:
         # Force-closed, the sender thread fails what is left and ends by itself (at its next poll:
-        # a request held by a throttle may keep it a while); the producer then counts as closed,
-        # so its __del__ does nothing.
+        # a request held by a throttle may keep it a while; and its abort of what is left takes
+        # time quadratic in the batches left: keep buffer_memory small); the producer then counts
+        # as closed, so its __del__ does nothing.
         producer._sender.force_close()
+        producer._sender.wakeup()  # out of a poll that may wait out a request timeout
         producer._sender.join(timeout)
         producer._closed = True
 

@@ -163,7 +163,8 @@ class _SentVersions(logging.Filter):
 
 
 def _pre_kip219_produce(cluster: KafkaCluster, proxy: ProxyProcess, topic: str) -> ProduceRun:
-    """kafka-python ``old-client`` speaking Produce v5 through ``proxy``, as fast as it is let."""
+    """kafka-python ``old-client`` speaking Produce v5 through ``proxy``, offering four times its
+    quota."""
     from kafka import KafkaProducer
     from kafka.errors import KafkaTimeoutError
 
@@ -182,10 +183,19 @@ def _pre_kip219_produce(cluster: KafkaCluster, proxy: ProxyProcess, topic: str) 
     stop = threading.Event()
 
     def produce() -> None:
+        # Four times its quota: only the proxy's mute can hold it to the quota. Not as fast as
+        # Python goes: kafka-python 3 bounds no backlog, and aborting one of hundreds of
+        # thousands of batches at close (a deque.remove each) kept its sender thread busy for 30 s
+        # into the next tests, slowing them by up to 20 s.
         payload = b"o" * 1024
+        offered, began, queued = 4 * PRE_KIP219_QUOTA, time.monotonic(), 0
         while not stop.is_set():
+            if queued > offered * (time.monotonic() - began):
+                time.sleep(0.005)
+                continue
             with contextlib.suppress(KafkaTimeoutError):  # the buffer stayed full max_block_ms
                 producer.send(topic, payload)
+                queued += len(payload)
 
     worker = threading.Thread(target=produce, daemon=True)
     start = time.monotonic()
@@ -515,9 +525,11 @@ def test_bad_reload_keeps_last_good_config(kafka_broker: KafkaCluster, tmp_path:
         assert state["producer_byte_rate"]["quota"] == 1000 and state["producer_byte_rate"]["level"] == 7
 
 
-def _free_run(bootstrap: str, topic: str, seconds: float) -> tuple[float, ThrottleWatch]:
-    """Bytes per second a free librdkafka producer gets delivered over ``seconds`` of 1 KiB
-    records, and the throttle librdkafka saw in the brokers' answers meanwhile."""
+def _free_run(bootstrap: str, topic: str, seconds: float, offered: float) -> tuple[float, ThrottleWatch]:
+    """Bytes per second a free librdkafka producer offering ``offered`` bytes/s of 1 KiB records
+    gets delivered over ``seconds``, and the throttle librdkafka saw in the brokers' answers
+    meanwhile. Paced: a producer as fast as it can go wrote gigabytes into the page cache here,
+    and the writeback slowed the tests after it by up to 10 s each."""
     from confluent_kafka import Producer
 
     watch = ThrottleWatch()
@@ -533,13 +545,16 @@ def _free_run(bootstrap: str, topic: str, seconds: float) -> tuple[float, Thrott
     producer.produce(topic, payload, on_delivery=on_delivery)
     assert producer.flush(30) == 0  # connected and warm before the clock starts
     delivered[0] = 0
-    started = time.monotonic()
-    while time.monotonic() - started < seconds:
-        for _ in range(1000):
-            try:
-                producer.produce(topic, payload, on_delivery=on_delivery)
-            except BufferError:
-                producer.poll(0.005)
+    started, queued = time.monotonic(), 0
+    while (elapsed := time.monotonic() - started) < seconds:
+        if queued > offered * elapsed:
+            producer.poll(0.005)
+            continue
+        try:
+            producer.produce(topic, payload, on_delivery=on_delivery)
+            queued += len(payload)
+        except BufferError:
+            producer.poll(0.005)
         producer.poll(0)
     rate = delivered[0] * 1024 / (time.monotonic() - started)
     assert producer.flush(60) == 0
@@ -551,10 +566,11 @@ def _free_run(bootstrap: str, topic: str, seconds: float) -> tuple[float, Thrott
 def test_client_without_quota_is_unaffected(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
     """A client with no quota, beside one its quota holds, is never throttled, held or refused.
 
-    Judged by what the free client saw (no throttle time in any answer) and by what it moved,
-    not by comparing its speed alone and beside: it writes as fast as the broker's disk takes
-    it, so that comparison measured the page cache's writeback (17 MiB/s on one machine, 400 on
-    another, drifting by a third within a run), not the proxy.
+    Judged by what the free client saw (no throttle time in any answer) and by what it moved (16
+    times the other's quota offered, more than 8 times delivered), not by comparing its speed
+    alone and beside: as fast as it can go it writes what the broker's disk takes, so that
+    comparison measured the page cache's writeback (17 MiB/s on one machine, 400 on another,
+    drifting by a third within a run), not the proxy.
     """
     topic = f"q-free-{uuid.uuid4().hex[:6]}"
     slow_topic = f"q-slow-{uuid.uuid4().hex[:6]}"
@@ -574,7 +590,7 @@ def test_client_without_quota_is_unaffected(kafka_broker: KafkaCluster, tmp_path
                 lambda: f"the quota never throttled the Java producer\n{proxy.log_tail()}",
             )
             throttled_before = proxy.metric("kthrottle_throttled_requests_total", applied)
-            rate, watch = _free_run(proxy.bootstrap, topic, 3.0)
+            rate, watch = _free_run(proxy.bootstrap, topic, 3.0, offered=16 * quota)
             throttled_during = proxy.metric("kthrottle_throttled_requests_total", applied) - throttled_before
             assert throttled.poll() is None
         finally:
