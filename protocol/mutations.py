@@ -90,7 +90,7 @@ def rejected_result(
     return result
 
 
-_RESULTS_FIELD: dict[int, str] = {
+RESULTS_FIELD: dict[int, str] = {  # where each mutation response lists its topics
     ApiKey.CREATE_TOPICS: "topics",
     ApiKey.CREATE_PARTITIONS: "results",
     ApiKey.DELETE_TOPICS: "responses",
@@ -98,7 +98,7 @@ _RESULTS_FIELD: dict[int, str] = {
 
 
 def _results_field(api_key: int) -> str:
-    return _RESULTS_FIELD[api_key]
+    return RESULTS_FIELD[api_key]
 
 
 def _result_key(result: dict[str, Any]) -> tuple[str | None, bytes | None]:

@@ -11,14 +11,9 @@ from typing import Any
 
 from protocol.api_keys import ApiKey
 from protocol.messages import produce_error_response
-from protocol.mutations import rejected_result, topics_of
+from protocol.mutations import RESULTS_FIELD, rejected_result, topics_of
 
 _FIRST_TOP_LEVEL_FETCH_ERROR = 7  # Fetch v7 (KIP-227) has a top-level error code
-_RESULTS_FIELD: dict[int, str] = {
-    ApiKey.CREATE_TOPICS: "topics",
-    ApiKey.CREATE_PARTITIONS: "results",
-    ApiKey.DELETE_TOPICS: "responses",
-}
 
 REFUSABLE_APIS = frozenset(
     {
@@ -41,9 +36,9 @@ def refusal_response(
         return produce_error_response(body, error, message, 0)
     if api_key == ApiKey.FETCH:
         return _fetch_refusal(version, body, error)
-    if api_key in _RESULTS_FIELD:
+    if api_key in RESULTS_FIELD:
         refs = topics_of(api_key, version, body)
-        return {_RESULTS_FIELD[api_key]: [rejected_result(api_key, ref, error, message) for ref in refs]}
+        return {RESULTS_FIELD[api_key]: [rejected_result(api_key, ref, error, message) for ref in refs]}
     if api_key == ApiKey.INIT_PRODUCER_ID:
         return {"error_code": error, "producer_id": -1, "producer_epoch": -1}
     raise ValueError(f"the proxy does not answer api key {api_key} by itself")

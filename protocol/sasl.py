@@ -43,6 +43,11 @@ def plain_user(auth_bytes: bytes) -> str:
         raise SaslError("PLAIN user name is not UTF-8") from exc
 
 
+def _unescape(saslname: str) -> str:
+    """A gs2 header's or SCRAM's saslname: ',' and '=' are written '=2C' and '=3D' (RFC 5801)."""
+    return saslname.replace("=2C", ",").replace("=3D", "=")
+
+
 def scram_user(client_first: bytes) -> str:
     try:
         text = client_first.decode("utf-8")
@@ -55,7 +60,7 @@ def scram_user(client_first: bytes) -> str:
     name = next((f[2:] for f in fields[2:] if f.startswith("n=")), None)
     if not name:
         raise SaslError("SCRAM client-first message has no user name")
-    return name.replace("=2C", ",").replace("=3D", "=")
+    return _unescape(name)
 
 
 def oauthbearer_name(initial_response: bytes, claim: str = "sub") -> str:
@@ -78,7 +83,7 @@ def oauthbearer_name(initial_response: bytes, claim: str = "sub") -> str:
     if subject:
         return subject
     if authzid:
-        return authzid.replace("=2C", ",").replace("=3D", "=")
+        return _unescape(authzid)
     raise SaslError(f"OAUTHBEARER token has no {claim!r} claim the proxy can read")
 
 

@@ -97,6 +97,11 @@ def resolve(cfg: QuotaConfig, user: str, client_id: str, key: str) -> Match | No
     return None
 
 
+def named_bucket(bucket: Bucket) -> bool:
+    """A group's or prefix's bucket (``<group:N>``, ``<prefix:P>``), not an entity's own."""
+    return any(part.startswith(("<group:", "<prefix:")) and part.endswith(">") for part in bucket)
+
+
 def bucket_quota(cfg: QuotaConfig, bucket: Bucket, key: str) -> Match | None:
     """The quota a bucket is held to (for its metrics): a group's or prefix's bucket by its
     name, any other as its (user, client id) resolves."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from quota.cluster import ClusterLink
-from quota.entities import Bucket, Match, any_entity_quota, resolve, topic_quota, topic_scope
+from quota.entities import Bucket, Match, any_entity_quota, named_bucket, resolve, topic_quota, topic_scope
 from quota.keys import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from quota.rate import SampledRate, java_round, throttle_time_ms
 from quota.shared_usage import SharedUsage
@@ -95,11 +95,6 @@ class FetchGrant:
     released: bool = False
 
 
-def _named(bucket: Bucket) -> bool:
-    """A group's or prefix's bucket (``<group:N>``, ``<prefix:P>``), not an entity's own."""
-    return any(part.startswith(("<group:", "<prefix:")) for part in bucket)
-
-
 class ByteRateQuotas:
     """``producer_byte_rate`` (produce=True) or ``consumer_byte_rate`` for clients, plus the
     matching KIP-1010 topic-partition quota, with idle state expiring."""
@@ -154,7 +149,7 @@ class ByteRateQuotas:
         now = max((rate.last_record_ms for rate in self.clients.values()), default=0.0)
         members: dict[Bucket, list[SampledRate]] = {}
         for bucket, rate in self.clients.items():
-            match = None if _named(bucket) else self.match(*bucket)
+            match = None if named_bucket(bucket) else self.match(*bucket)
             if match is not None and match.via and match.bucket not in self.clients:
                 members.setdefault(match.bucket, []).append(rate)
         for bucket, rates in members.items():

@@ -192,11 +192,10 @@ class Pipeline(ConnectionFlow):
             if last is not None and last[0] is policy and last[1] == sent and last[2] == self.user:
                 sent = last[3]
             else:
-                seen = sent
-                if policy.rewritten(sent):
-                    source = str(self.address) if self.address is not None else self.peer
-                    sent = policy.quota_client_id(sent, self.user, source, self.listener.name)
-                self._quota_id = (policy, seen, self.user, sent)
+                source = str(self.address) if self.address is not None else self.peer
+                quota_id = policy.quota_client_id(sent, self.user, source, self.listener.name)
+                self._quota_id = (policy, sent, self.user, quota_id)
+                sent = quota_id
         req.client_id = self.client_id = sent
 
     def close(self, reason: str | None = None, *, level: int = logging.WARNING) -> None:
