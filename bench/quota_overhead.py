@@ -14,7 +14,7 @@ Prints one JSON line last:
   quota_overhead_us_per_request_quotas_only   the KIP quotas alone, minus quotas off
   cpu_us_per_request              {off, on, controls}
 
-Usage: source dev/setup.sh && python bench/quota_overhead.py [--requests 200000] [--rounds 3]
+Usage: source dev/setup.sh && python bench/quota_overhead.py [--requests 200000] [--rounds 3] [--ids 10000]
 """
 
 from __future__ import annotations
@@ -57,23 +57,23 @@ async def _connection(host: str, port: int, frames: list[bytearray], count: int)
     writer.close()
 
 
-async def _load(bootstrap: str, requests: int) -> None:
+async def _load(bootstrap: str, requests: int, client_ids: int) -> None:
     host, port = bootstrap.rsplit(":", 1)
     per_conn = requests // CONNECTIONS
     jobs = []
     for c in range(CONNECTIONS):
         # Each connection cycles through its share of the client ids (the id is per request).
-        ids = range(c, CLIENT_IDS, CONNECTIONS)
+        ids = range(c, client_ids, CONNECTIONS)
         frames = [produce_request("overhead", 0, b"v" * 100, f"client-{i}") for i in ids]
         jobs.append(_connection(host, int(port), frames, per_conn))
     await asyncio.gather(*jobs)
 
 
-def measure(proxy: ProxyProcess, requests: int) -> float:
+def measure(proxy: ProxyProcess, requests: int, client_ids: int) -> float:
     """Proxy CPU microseconds per request for one run of the load."""
     assert proxy.proc is not None
     before = cpu_seconds(proxy.proc.pid)
-    asyncio.run(_load(proxy.bootstrap, requests))
+    asyncio.run(_load(proxy.bootstrap, requests, client_ids))
     return (cpu_seconds(proxy.proc.pid) - before) / requests * 1e6
 
 
@@ -83,7 +83,9 @@ def main() -> None:
     )
     parser.add_argument("--requests", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ids", type=int, default=CLIENT_IDS, help="distinct client ids cycled through")
     args = parser.parse_args()
+    ids = args.ids
 
     big = 10 * 1024**3
     quotas = {
@@ -105,13 +107,13 @@ def main() -> None:
         "max_throttle_ms": 5000,
         "exempt": {
             "users": ["ops"],
-            "client_ids": [f"client-{i}" for i in range(0, CLIENT_IDS, 100)],
+            "client_ids": [f"client-{i}" for i in range(0, ids, 100)],
             "source_cidrs": ["10.99.0.0/16", "fd00::/16"],
         },
         "client_id_prefixes": {f"client-{d}": {"producer_byte_rate": big} for d in range(1, 10)},
         "groups": {
             "tools": {
-                "client_ids": [f"client-{i}" for i in range(5, CLIENT_IDS, 50)],
+                "client_ids": [f"client-{i}" for i in range(5, ids, 50)],
                 "producer_byte_rate": big,
             }
         },
@@ -125,12 +127,12 @@ def main() -> None:
         ):
             proxies = {"off": off, "on": on, "controls": all_on}
             for proxy in proxies.values():  # warm-up
-                measure(proxy, args.requests // 4)
+                measure(proxy, args.requests // 4, ids)
             results: dict[str, list[float]] = {name: [] for name in proxies}
             for rnd in range(args.rounds):
                 names = list(proxies) if rnd % 2 == 0 else list(reversed(proxies))
                 for name, proxy in [(n, proxies[n]) for n in names]:
-                    us = measure(proxy, args.requests)
+                    us = measure(proxy, args.requests, ids)
                     results[name].append(us)
                     print(f"round {rnd} quotas {name}: {us:.1f} us CPU per request", flush=True)
             entities = on.metric("kthrottle_client_byte_rate") > 0
@@ -141,7 +143,7 @@ def main() -> None:
                 "quota_overhead_us_per_request": round(med["controls"] - med["off"], 2),
                 "quota_overhead_us_per_request_quotas_only": round(med["on"] - med["off"], 2),
                 "cpu_us_per_request": {k: round(v, 2) for k, v in med.items()},
-                "distinct_client_ids": CLIENT_IDS,
+                "distinct_client_ids": ids,
                 "requests_per_run": args.requests,
                 "rounds": args.rounds,
                 "quota_state_exported": entities,

@@ -162,7 +162,9 @@ class ProxyMetrics:
             "Topics addressed by id (Produce/Fetch v13+) whose name the proxy did not know yet, by "
             "outcome: unresolved (met in a request: looked up, its bytes charged once found), "
             "resolved (found by the proxy's own Metadata request), unknown (the cluster has no such "
-            "topic: its bytes count towards no topic quota and capture keeps the id)",
+            "topic: its bytes count towards no topic quota and capture keeps the id), "
+            "unreadable_metadata (a Metadata answer passed on whose topics could not be read when "
+            "an unknown id was met: the ids it showed are looked up instead)",
             ["outcome"],
             registry=r,
         )

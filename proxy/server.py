@@ -67,7 +67,8 @@ class ProxyServer:
             ProxyProtocolGate(cfg, self.metrics, self.tls) if cfg.proxy_protocol.listeners else None
         )
         self.brokers = BrokerDirectory(cfg, on_new_node=self._on_new_node)
-        self.topic_names = TopicNames()
+        unreadable = self.metrics.topic_ids.labels("unreadable_metadata")
+        self.topic_names = TopicNames(on_unreadable=unreadable.inc)
         self.enforcer = QuotaEnforcer(cfg.quotas, self.metrics, topic_names=self.topic_names)
         self.catalog = TopicCatalog(
             lambda: [*self.brokers.real.values(), *self.brokers.bootstrap],

@@ -10,6 +10,7 @@ from collections.abc import Collection
 
 from protocol import messages
 from protocol.api_keys import ApiKey
+from protocol.metadata_brokers import rewrite_metadata_brokers
 from protocol.node_endpoints import TailFinder, node_endpoints_at, tail_of, withhold_node_endpoints
 from protocol.versions import NODE_ENDPOINTS_FROM
 from proxy.pipeline.stages.base import WHOLE, Connection, InFlight, Request, Response, Stage, StreamFilter
@@ -60,6 +61,9 @@ class AddressStage(Stage):
             tail = tail_of(key, entry.api_version, resp.frame)
             if node_endpoints_at(tail) is None:
                 return False
+        if key == ApiKey.METADATA and not resp.decoded:
+            self._pass_metadata_on(resp)
+            return False
         body = resp.body
         if key == ApiKey.METADATA:
             server.topic_names.learn(messages.metadata_topic_ids(body))
@@ -72,6 +76,22 @@ class AddressStage(Stage):
             server.metrics.rewritten_addresses.inc(changed)
             resp.reencode = True
         return False
+
+    def _pass_metadata_on(self, resp: Response) -> None:
+        """The broker list rewritten, the topics passed on as the broker's bytes and kept to be
+        read only when a request names a topic id the proxy does not know."""
+        server = self.conn.server
+        entry = resp.entry
+        hsize = resp.header_size
+        body = memoryview(resp.frame)[hsize:]
+        prefix, rest, changed = rewrite_metadata_brokers(entry.api_version, body, server.brokers.advertised)
+        out = bytearray(resp.frame[:hsize])
+        out += prefix
+        out += body[rest:]
+        server.topic_names.learn_later(entry.api_version, body)
+        resp.frame = out  # a throttle is patched into it as into any response
+        if changed:
+            server.metrics.rewritten_addresses.inc(changed)
 
 
 class NodeEndpointsFilter:
