@@ -88,20 +88,22 @@ def kafka_sasl_broker() -> Iterator[KafkaCluster]:
 
 _HERE = Path(__file__).resolve().parent
 _EARLY_STOPPED = ("kafka_cluster3", "kafka_sasl_broker")
+_BREAKS_NODES = frozenset({"test_faults.py"})  # its tests kill, pause and restart the 3 nodes
 _early_stop: dict[str, KafkaCluster] = {}  # fixture name -> its running cluster
 _last_user: dict[str, str] = {}  # fixture name -> node id of the last test that uses it
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Put the integration modules that use ``kafka_cluster3`` first among the integration tests
-    (whole modules, order otherwise kept), and note the last test that uses each shared cluster
-    stopped early."""
+    (whole modules, order otherwise kept, those that break its nodes last), and note the last
+    test that uses each shared cluster stopped early."""
     here = [i for i, item in enumerate(items) if Path(str(item.path)).parent == _HERE]
     if not here:
         return
     ours = [items[i] for i in here]
     users = {item.path for item in ours if "kafka_cluster3" in getattr(item, "fixturenames", ())}
-    ordered = sorted(ours, key=lambda item: item.path not in users)  # stable: module order kept
+    # Stable: module order kept, but the modules that kill or pause its nodes go last of its users.
+    ordered = sorted(ours, key=lambda item: (item.path not in users, item.path.name in _BREAKS_NODES))
     for i, item in zip(here, ordered, strict=True):
         items[i] = item
     for name in _EARLY_STOPPED:

@@ -35,7 +35,6 @@ from dev.waiting import wait_until
 from protocol import messages
 from protocol.api_keys import ApiKey
 from protocol.frames import SIZE, RequestHeader, encode_request_header, encode_response_header
-from tests.integration.conftest import discard_cluster
 from tests.tools import unavailable
 
 pytestmark = pytest.mark.integration
@@ -290,16 +289,17 @@ def test_upstream_that_stops_reading_is_released_when_the_client_leaves(
 # --- faults of a real cluster under load ----------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
-    """A 3-node cluster of this module's own: its tests kill, pause and restart nodes (each test
-    leaves all three running)."""
-    kafka = KafkaCluster(brokers=3, workdir=tmp_path_factory.mktemp("faults-kafka"))
-    kafka.start()
-    try:
-        yield kafka
-    finally:
-        discard_cluster(kafka)
+@pytest.fixture
+def cluster(kafka_cluster3: KafkaCluster) -> Iterator[KafkaCluster]:
+    """The session's 3-node cluster: these tests kill, pause and restart its nodes, so this module
+    runs last of its users (conftest), and each test hands all three back running and ready."""
+    down = [n.node_id for n in kafka_cluster3.nodes if not n.running]
+    assert not down, f"nodes {down} of the shared cluster are down before the test"
+    yield kafka_cluster3
+    for node in kafka_cluster3.nodes:
+        if not node.running:
+            kafka_cluster3.start_node(node.node_id)
+    _wait_all_nodes_ready(kafka_cluster3)
 
 
 def _leaders(bootstrap: str, topic: str) -> tuple[dict[int, int], Any]:
@@ -348,6 +348,7 @@ class Load:
 
     bootstrap: str
     topic: str
+    timeout_ms: int = 10000  # the clients' request and socket timeouts
     acked: dict[int, tuple[int, float]] = field(default_factory=dict)  # id -> (partition, when)
     failed: list[str] = field(default_factory=list)
     client_errors: list[str] = field(default_factory=list)
@@ -399,9 +400,9 @@ class Load:
                 "enable.idempotence": True,
                 "acks": "all",
                 "linger.ms": 5,
-                "request.timeout.ms": 10000,
+                "request.timeout.ms": self.timeout_ms,
                 "message.timeout.ms": 180000,  # spans any outage here: nothing is given up on
-                "socket.timeout.ms": 10000,  # a request to a hung broker times out after this
+                "socket.timeout.ms": self.timeout_ms,  # a request to a hung broker times out after this
                 "error_cb": self._error,
                 "logger": self.logger,
             }
@@ -439,7 +440,7 @@ class Load:
                 "auto.offset.reset": "earliest",
                 "enable.auto.commit": True,
                 "auto.commit.interval.ms": 500,
-                "socket.timeout.ms": 10000,  # a request to a hung broker times out after this
+                "socket.timeout.ms": self.timeout_ms,  # a request to a hung broker times out after this
                 "error_cb": self._error,
                 "logger": self.logger,
             }
@@ -530,13 +531,15 @@ def _assert_exactly_once(load: Load, proxy: ProxyProcess) -> None:
 
 
 @contextlib.contextmanager
-def _proxied_load(cluster: KafkaCluster, topic: str, workdir: Path) -> Iterator[tuple[ProxyProcess, Load]]:
+def _proxied_load(
+    cluster: KafkaCluster, topic: str, workdir: Path, timeout_ms: int = 10000
+) -> Iterator[tuple[ProxyProcess, Load]]:
     """A gateway proxy in front of the cluster with a Load through it; once the clients have
     closed, the proxy must hold none of their connections (gauge and fds back to the start)."""
     with ProxyProcess(gateway_config(cluster), workdir=workdir) as proxy:
         assert proxy.proc is not None
         baseline_fds = open_fds(proxy.proc.pid)
-        with Load(proxy.bootstrap, topic) as load:
+        with Load(proxy.bootstrap, topic, timeout_ms) as load:
             yield proxy, load
         _assert_nothing_held(proxy, baseline_fds, "after the clients left")
 
@@ -737,19 +740,19 @@ def netns() -> Iterator[NetworkNamespace]:
 @pytest.mark.timeout(240)
 def test_network_to_the_broker_cut_and_healed_under_load(netns: NetworkNamespace, tmp_path: Path) -> None:
     """A broker in a network namespace of its own, the proxy and the clients outside: the link
-    between them is cut for 15 s (packets dropped, as with a pulled cable: no reset, nothing
-    answers) and healed. The clients' own timeouts notice the cut, the proxy keeps serving its
-    admin endpoint, writes resume through the proxy after the heal, and every acked message is
-    in the log and consumed exactly once."""
+    between them is cut for 9 s, twice the clients' request timeout (packets dropped, as with a
+    pulled cable: no reset, nothing answers) and healed. The clients' own timeouts notice the cut,
+    the proxy keeps serving its admin endpoint, writes resume through the proxy after the heal,
+    and every acked message is in the log and consumed exactly once."""
     with KafkaCluster(brokers=1, workdir=tmp_path / "kafka", netns=netns) as cluster:
         topic = _new_topic(cluster, "cut", partitions=3, replication=1)
-        with _proxied_load(cluster, topic, tmp_path / "proxy") as (proxy, load):
+        with _proxied_load(cluster, topic, tmp_path / "proxy", timeout_ms=4000) as (proxy, load):
             load.run_for(3)
             assert load.acked, f"nothing acked before the cut:\n{proxy.log_tail()}"
             netns.cut()
             try:
                 cut_at = time.monotonic()
-                load.run_for(15)
+                load.run_for(9)
                 assert proxy.admin_get("/healthz")[0] == 200
                 acked_while_cut = load.acked_since(cut_at + 3)  # what was on the wire may land first
             finally:

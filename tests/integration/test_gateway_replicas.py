@@ -425,47 +425,6 @@ def test_a_quota_set_on_busy_clients_bites_at_once_on_every_replica(
         assert view["cluster"]["shared"] is True, view
 
 
-def test_a_killed_replicas_clients_reconnect_and_the_quota_holds(
-    kafka_cluster3: KafkaCluster, gateway: GatewayReplicas
-) -> None:
-    """SIGKILL one replica under load: its connections drop, the client reconnects through the
-    load balancer to the two left, which give it the whole quota (nothing waits for the dead
-    replica's part to be handed over); every acknowledged message is in the topic."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    topic = topic_over_three_brokers(kafka_cluster3, "gw-kill")
-    stop = threading.Event()
-    acked: list[tuple[float, int]] = []
-    thread = threading.Thread(
-        target=steady_producer, args=(gateway.bootstrap, topic, "spread-p", 3 * QUOTA, stop, acked)
-    )
-    thread.start()
-    try:
-        time.sleep(8)
-        killed_at = time.monotonic()
-        gateway.kill(0)
-        views = []
-        for _ in range(14):
-            time.sleep(1)
-            views.append([_entity(gateway.replicas[i], "spread-p") for i in (1, 2)])
-    finally:
-        stop.set()
-        thread.join(60)
-        gateway.restart(0)
-        wait_for(
-            lambda: sharing(gateway, 3),
-            gateway,
-            30,
-        )
-    after = rate_between(acked, killed_at + 4, killed_at + 14)
-    series = [round(rate_between(acked, killed_at + s, killed_at + s + 1) / QUOTA, 2) for s in range(-8, 14)]
-    assert after == pytest.approx(QUOTA, rel=0.1), (after / QUOTA, series, views)
-    consumer = Consumer({"bootstrap.servers": kafka_cluster3.bootstrap_servers, "group.id": f"g-{topic}"})
-    ends = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(6)]
-    consumer.close()
-    assert sum(ends) >= len(acked), (sum(ends), len(acked))  # nothing acknowledged lost
-
-
 def test_a_replica_cut_off_from_the_exchange_keeps_its_part_and_the_sum_holds(
     kafka_cluster3: KafkaCluster, gateway: GatewayReplicas, relay: HAProxy
 ) -> None:
@@ -523,6 +482,42 @@ def test_a_replica_cut_off_from_the_exchange_keeps_its_part_and_the_sum_holds(
     assert "have not come back" in ready["cluster_quotas"]["reason"], ready
     assert others["multiplier"] == pytest.approx(2 / 3, abs=1e-3), others
     assert [p["probe"] for p in others["others"] if p["instance"] == "replica-2"] == ["alive"], others
+
+
+def test_a_killed_replicas_clients_reconnect_and_the_quota_holds(
+    kafka_cluster3: KafkaCluster, gateway: GatewayReplicas
+) -> None:
+    """SIGKILL one replica under load: its connections drop, the client reconnects through the
+    load balancer to the two left, which give it the whole quota (nothing waits for the dead
+    replica's part to be handed over); every acknowledged message is in the topic."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = topic_over_three_brokers(kafka_cluster3, "gw-kill")
+    stop = threading.Event()
+    acked: list[tuple[float, int]] = []
+    thread = threading.Thread(
+        target=steady_producer, args=(gateway.bootstrap, topic, "spread-p", 3 * QUOTA, stop, acked)
+    )
+    thread.start()
+    try:
+        time.sleep(8)
+        killed_at = time.monotonic()
+        gateway.kill(0)
+        views = []
+        for _ in range(14):
+            time.sleep(1)
+            views.append([_entity(gateway.replicas[i], "spread-p") for i in (1, 2)])
+    finally:
+        stop.set()
+        thread.join(60)
+        gateway.restart(0)  # the last test of the three replicas: nothing waits for them to share
+    after = rate_between(acked, killed_at + 4, killed_at + 14)
+    series = [round(rate_between(acked, killed_at + s, killed_at + s + 1) / QUOTA, 2) for s in range(-8, 14)]
+    assert after == pytest.approx(QUOTA, rel=0.1), (after / QUOTA, series, views)
+    consumer = Consumer({"bootstrap.servers": kafka_cluster3.bootstrap_servers, "group.id": f"g-{topic}"})
+    ends = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(6)]
+    consumer.close()
+    assert sum(ends) >= len(acked), (sum(ends), len(acked))  # nothing acknowledged lost
 
 
 def test_a_reload_that_turns_quotas_cluster_wide_starts_the_exchange(kafka_cluster3: KafkaCluster) -> None:

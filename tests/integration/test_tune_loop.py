@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,8 +102,17 @@ def steady_producers(
 
 
 @dataclass
+class Capture:
+    """Traffic captured through the proxy: a heavy producer and three steady ones."""
+
+    topic: str
+    steady: list[str]
+    directory: Path
+
+
+@dataclass
 class Tuned:
-    """Traffic captured through the proxy, and what the job proposed from it on local[*]."""
+    """The capture, and what the job proposed from it on local[*]."""
 
     topic: str
     steady: list[str]
@@ -111,10 +121,8 @@ class Tuned:
 
 
 @pytest.fixture(scope="module")
-def tuned(kafka_broker: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Tuned:
-    """A heavy producer and three steady ones through a capturing proxy, then ``kthrottle tune``."""
-    from analytics.tune import main as tune
-
+def loop_capture(kafka_broker: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Capture:
+    """A heavy producer and three steady ones through a capturing proxy."""
     tmp_path = tmp_path_factory.mktemp("tune-loop")
     topic = f"loop-{uuid.uuid4().hex[:6]}"
     kafka_broker.create_topic(topic, partitions=3)
@@ -126,29 +134,19 @@ def tuned(kafka_broker: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) 
         steady_producers(proxy.bootstrap, topic, steady, seconds=15)
     rows = captured(capture_dir)
     assert {r["client_id"] for r in rows if r["api_key"] == ApiKey.PRODUCE} >= {"heavy", *steady}
+    return Capture(topic, steady, capture_dir)
 
-    out = tmp_path / "tuned"
+
+@pytest.fixture(scope="module")
+def tuned(loop_capture: Capture, tmp_path_factory: pytest.TempPathFactory) -> Tuned:
+    """``kthrottle tune`` on the capture, on local[*]."""
+    from analytics.tune import main as tune
+
+    out = tmp_path_factory.mktemp("tuned") / "report"
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    assert tune(["--input", str(capture_dir), "--output", str(out), *TUNE_OPTIONS, "--quiet"]) == 0
-    return Tuned(topic, steady, capture_dir, out)
-
-
-@pytest.mark.timeout(420)
-def test_capture_tune_apply(kafka_broker: KafkaCluster, tuned: Tuned, tmp_path: Path) -> None:
-    topic, steady, out = tuned.topic, tuned.steady, tuned.report
-    proposal = yaml.safe_load((out / "quotas.yaml").read_text())
-    QuotaConfig.model_validate(proposal["quotas"])
-    assert (out / "report.html").exists()
-
-    cfg = gateway_config(kafka_broker, quotas_file=str(out / "quotas.yaml"))
-    with ProxyProcess(cfg, workdir=tmp_path / "after") as proxy:
-        with heavy_producer(proxy.bootstrap, topic, "heavy"):
-            watches = steady_producers(proxy.bootstrap, topic, steady, seconds=10)
-        heavy = proxy.metric(
-            "kthrottle_client_throttle_time_ms_total", {"direction": "produce", "client_id": "heavy"}
-        )
-    assert heavy > 0, "the heavy client was not throttled under the proposed quotas"
-    assert all(w.never_throttled() for w in watches.values()), {n: w.seen[-3:] for n, w in watches.items()}
+    directory = loop_capture.directory
+    assert tune(["--input", str(directory), "--output", str(out), *TUNE_OPTIONS, "--quiet"]) == 0
+    return Tuned(loop_capture.topic, loop_capture.steady, directory, out)
 
 
 @pytest.mark.timeout(240)
@@ -163,7 +161,7 @@ def test_replay_matches_live_throttle(kafka_broker: KafkaCluster, tmp_path: Path
     kafka_broker.create_topic(produce_topic)
     fetch_topic = f"live-f-{uuid.uuid4().hex[:6]}"
     kafka_broker.create_topic(fetch_topic)
-    kafka_broker.fill_topic(fetch_topic, 30 * 1024)
+    kafka_broker.fill_topic(fetch_topic, 20 * 1024)  # 12 s at the quota and its burst, with room
     quotas = {
         "clients": {
             "heavy": {"producer_byte_rate": 256 * KiB},
@@ -185,7 +183,7 @@ def test_replay_matches_live_throttle(kafka_broker: KafkaCluster, tmp_path: Path
         )
         consumer.subscribe([fetch_topic])
         start = time.monotonic()
-        while time.monotonic() - start < 20:
+        while time.monotonic() - start < 12:
             consumer.consume(num_messages=1000, timeout=0.25)
         consumer.close()
     rows = captured(capture_dir)
@@ -213,34 +211,90 @@ def test_replay_matches_live_throttle(kafka_broker: KafkaCluster, tmp_path: Path
         )
 
 
+@pytest.mark.timeout(420)
+def test_capture_tune_apply(
+    kafka_broker: KafkaCluster, on_cluster: Future[OnCluster], tuned: Tuned, tmp_path: Path
+) -> None:
+    """The proposal loaded into a proxy: the heavy client is throttled, the steady ones never
+    (the standalone run of the same job, ``on_cluster``, goes on meanwhile)."""
+    topic, steady, out = tuned.topic, tuned.steady, tuned.report
+    proposal = yaml.safe_load((out / "quotas.yaml").read_text())
+    QuotaConfig.model_validate(proposal["quotas"])
+    assert (out / "report.html").exists()
+
+    cfg = gateway_config(kafka_broker, quotas_file=str(out / "quotas.yaml"))
+    with ProxyProcess(cfg, workdir=tmp_path / "after") as proxy:
+        with heavy_producer(proxy.bootstrap, topic, "heavy"):
+            watches = steady_producers(proxy.bootstrap, topic, steady, seconds=10)
+        heavy = proxy.metric(
+            "kthrottle_client_throttle_time_ms_total", {"direction": "produce", "client_id": "heavy"}
+        )
+    assert heavy > 0, "the heavy client was not throttled under the proposed quotas"
+    assert all(w.never_throttled() for w in watches.values()), {n: w.seen[-3:] for n, w in watches.items()}
+
+
+@dataclass
+class OnCluster:
+    """docs/tuning.md's spark-submit line run on a standalone master and worker: what it printed."""
+
+    submit: subprocess.CompletedProcess[str]
+    master_url: str
+    out: Path
+
+
+def _tune_on_standalone(capture: Path, workdir: Path, cluster_python: Path) -> OnCluster:
+    """spark-submit from a directory outside the checkout with no PYTHONPATH, onto a standalone
+    master and worker whose Python is ``cluster_python``."""
+    from dev.spark_cluster import SparkStandalone, submit_tune
+
+    elsewhere = workdir / "elsewhere"
+    elsewhere.mkdir()
+    out = workdir / "tuned-on-cluster"
+    # Two cores, as the machine has: the statistics stage ran its tasks one at a time on one
+    # (27 s of the job's 35), and the proposal must not depend on how the work is split anyway.
+    with SparkStandalone(workers=1, cores=2) as cluster:
+        tune_args = ["--input", str(capture), "--output", str(out), *TUNE_OPTIONS[2:]]
+        submit = submit_tune(cluster.master_url, cluster_python, tune_args, elsewhere, timeout=240)
+    return OnCluster(submit, cluster.master_url, out)
+
+
+@pytest.fixture(scope="module")
+def on_cluster(
+    loop_capture: Capture, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Future[OnCluster]]:
+    """The standalone run, started as soon as the capture exists and left to run beside the
+    local[*] job and the test of its proposal, which judge nothing by time (its 40 s are mostly
+    Spark's start-up and scheduling). The replay test, which compares timings, runs before it."""
+    import pyspark.sql  # noqa: F401 (imported here, not first in the thread: pyspark's imports are circular)
+
+    from dev.spark_cluster import executor_python
+
+    workdir = tmp_path_factory.mktemp("on-cluster")
+    cluster_python = executor_python(workdir / "cluster-python")
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(_tune_on_standalone, loop_capture.directory, workdir, cluster_python)
+
+
 @pytest.mark.timeout(300)
-def test_spark_submit_on_a_standalone_cluster(tuned: Tuned, tmp_path: Path) -> None:
+def test_spark_submit_on_a_standalone_cluster(tuned: Tuned, on_cluster: Future[OnCluster]) -> None:
     """docs/tuning.md's spark-submit line, run from a directory outside the checkout with no
     PYTHONPATH, on a real standalone master and worker whose Python has pyspark's own
     dependencies and nothing of this project: the job ships its packages to the executors, the
     replay runs there, and the proposal is the one local[*] made."""
-    from dev.spark_cluster import SparkStandalone, executor_python, submit_tune
-
-    cluster_python = executor_python(tmp_path / "cluster-python")
+    run = on_cluster.result(timeout=280)
+    cluster_python = run.out.parent / "cluster-python" / "bin" / "python"
     for module, present in (("pandas", True), ("pyarrow", True), ("pydantic", False), ("quota", False)):
         probe = [str(cluster_python), "-c", f"import {module}"]
-        found = subprocess.run(probe, cwd=tmp_path, env={}, capture_output=True).returncode
+        found = subprocess.run(probe, cwd=run.out.parent, env={}, capture_output=True).returncode
         assert (found == 0) == present, f"the cluster's Python {'lacks' if present else 'has'} {module}"
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    out = tmp_path / "tuned-on-cluster"
-    # Two cores, as the machine has: the statistics stage ran its tasks one at a time on one
-    # (27 s of the job's 35), and the proposal must not depend on how the work is split anyway.
-    with SparkStandalone(workers=1, cores=2) as cluster:
-        tune_args = ["--input", str(tuned.capture), "--output", str(out), *TUNE_OPTIONS[2:]]
-        submit = submit_tune(cluster.master_url, cluster_python, tune_args, elsewhere, timeout=240)
+    submit, out = run.submit, run.out
     # spark-submit passes the Python driver's stderr to its stdout: the job's lines are there
     last = submit.stdout.strip().splitlines()[-1:]
     assert submit.returncode == 0, f"spark-submit failed: {last}\n{submit.stdout[-4000:]}"
     assert last[0].startswith("tune: [") and f"wrote {out}" in last[0], last
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["master"] == cluster.master_url
+    assert meta["master"] == run.master_url
     assert meta["replay"]["replayed_rows"] > 0, "no request was replayed on the executors"
-    on_cluster = yaml.safe_load((out / "quotas.yaml").read_text())
+    on_cluster_proposal = yaml.safe_load((out / "quotas.yaml").read_text())
     local = yaml.safe_load((tuned.report / "quotas.yaml").read_text())
-    assert on_cluster == local
+    assert on_cluster_proposal == local
