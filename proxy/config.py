@@ -594,6 +594,11 @@ class ProxyConfig(Strict):
     slowloris). Real clients write a frame at once, and their own request.timeout.ms (30 s by
     default, sending included) gives up first. Time spent muted by a throttle does not count.
     null: no deadline (the broker's connections.max.idle.ms still closes a silent one)."""
+    silent_connection_close_seconds: float | None = Field(600.0, gt=0, le=86400)
+    """A client connection that has sent nothing this long after it was accepted is closed, as the
+    broker's connections.max.idle.ms (10 minutes by default) closes an idle one. The proxy opens
+    the upstream connection when a client first sends, so until then a silent connection costs the
+    broker nothing; null: kept until the client leaves."""
     drain_seconds: float = Field(10.0, ge=0, le=600)
     """On SIGTERM: stop accepting, let in-flight requests finish for at most this long."""
     metadata_refresh_seconds: float = Field(30.0, gt=0, le=3600)

@@ -84,6 +84,7 @@ class Pipeline(ConnectionFlow):
         self.streams = FrameStreams(self)
         self.in_flight: deque[InFlight] = deque()
         self.pending: list[bytes | bytearray] = []  # frames read before the upstream connected
+        self._unread = 0  # bytes the client sent before the upstream connection was asked for
         self.closed = False
         self.user = ANONYMOUS  # the authenticated principal, once the proxy knows it
         self.node_id = listener.node_id  # the broker this connection stands for (None: bootstrap)
@@ -101,6 +102,7 @@ class Pipeline(ConnectionFlow):
         self.stages = server.stages.for_connection(self)
         server.pipeline_opened(self)
         self._connect_task: asyncio.Task[None] | None = None
+        self._silent_handle: asyncio.TimerHandle | None = None
         try:
             self.user, self.node_id = tls_identity(
                 server.tls, server.cfg, client.get_extra_info("ssl_object"), self.user, self.node_id
@@ -119,10 +121,19 @@ class Pipeline(ConnectionFlow):
                 lambda: self.close(f"over connection_creation_rate, held {hold_ms} ms", level=logging.INFO),
             )
             return
-        self.pause_client("connecting")
-        self._connect_task = self.loop.create_task(self._connect())
+        # The upstream connection is opened when the client first sends something: a connection
+        # that never speaks (a load balancer's health check, an idle pool) costs the broker none.
+        silent = server.cfg.silent_connection_close_seconds
+        if silent is not None:
+            self._silent_handle = self.loop.call_later(silent, self._close_if_silent, silent)
 
     # --- lifecycle -----------------------------------------------------------------------------
+
+    def _close_if_silent(self, seconds: float) -> None:
+        self._silent_handle = None
+        if self._connect_task is None and self.upstream is None:
+            why = f"sent nothing for {seconds:g} s (silent_connection_close_seconds)"
+            self.close(why, level=logging.INFO)
 
     async def _connect(self) -> None:
         server = self.server
@@ -160,7 +171,11 @@ class Pipeline(ConnectionFlow):
             self.pending.clear()
             if self._upstream_pauses:
                 transport.pause_reading()
-            self.resume_client("connecting")
+            unread, self._unread = self._unread, 0
+            if unread:  # before reading resumes: the decoder's buffer still holds them
+                self.client_written(unread)
+            if not self.closed:
+                self.resume_client("connecting")
             return
         self.close(f"no upstream broker reachable (last error {last!r})")
 
@@ -208,7 +223,8 @@ class Pipeline(ConnectionFlow):
         close_bounded(self.client, self.loop)
         if self.upstream is not None:
             close_bounded(self.upstream, self.loop)
-        for handle in (self._connect_task, self._mute_handle, self._watch_handle, *self._tasks):
+        handles = (self._connect_task, self._mute_handle, self._watch_handle, self._silent_handle)
+        for handle in (*handles, *self._tasks):
             if handle is not None:
                 handle.cancel()
         for stage in self.stages.stages:
@@ -252,6 +268,17 @@ class Pipeline(ConnectionFlow):
     def client_written(self, nbytes: int) -> None:
         """The client socket wrote ``nbytes`` into the request decoder's buffer."""
         if self.closed:
+            return
+        if self.upstream is None:
+            # The first bytes: connect upstream, reading nothing more meanwhile; these are
+            # decoded once it is up (the decoder's buffer keeps them).
+            self._unread += nbytes
+            if self._connect_task is None:
+                self.pause_client("connecting")
+                self._connect_task = self.loop.create_task(self._connect())
+                if self._silent_handle is not None:
+                    self._silent_handle.cancel()
+                    self._silent_handle = None
             return
         try:
             frames = self.requests.written(nbytes)
