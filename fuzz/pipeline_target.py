@@ -63,7 +63,11 @@ _GATEWAY = (
     "mode: gateway\nadvertised_host: proxy.example\n"
     "gateway: {bootstrap_port: 19092, broker_port_base: 19100, upstream_bootstrap: ['127.0.0.1:9092']}\n"
 )
-_COMMON = f"admin: {{enabled: false}}\nmax_frame_bytes: {MAX_FRAME_BYTES}\nmetadata_refresh_seconds: 3600\n"
+# Connections are opened ahead of the inputs and the fake clock jumps: none is closed for silence.
+_COMMON = (
+    f"admin: {{enabled: false}}\nmax_frame_bytes: {MAX_FRAME_BYTES}\nmetadata_refresh_seconds: 3600\n"
+    "silent_connection_close_seconds: null\n"
+)
 
 # name, config text, whether a capture sink is attached
 SETUPS: list[tuple[str, str, bool]] = [

@@ -457,6 +457,12 @@ class ByteRateQuotas:
                     # up: its history's debt was theirs to throttle. No burst either: the
                     # bucket is busy.
                     untaken = max(0.0, untaken)
+                    if self.cluster.local_only:
+                        # Holding its part alone (starting, reconnecting, cut off), this replica
+                        # cannot tell what the others gave the entity: a new bucket here holds
+                        # no burst, so the parts still sum to the quota (a replica rolled in
+                        # under a busy client gave out a third of a burst at once).
+                        untaken = 0.0
                 shaper.cap(untaken, now_ms)
         elif shaper.rate != quota or shaper.burst != burst:
             lowered = configured < shaper.configured

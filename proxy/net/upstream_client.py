@@ -17,7 +17,8 @@ from kafka.net.sasl.scram import ScramClient
 
 from protocol import messages
 from protocol.api_keys import ApiKey
-from protocol.frames import SIZE, RequestHeader, encode_request_header, response_header_size
+from protocol.frames import SIZE, FrameError, RequestHeader, encode_request_header, response_header_size
+from protocol.schema import SchemaError
 
 METADATA_VERSION = 12
 SASL_HANDSHAKE_VERSION = 1
@@ -131,6 +132,9 @@ async def fetch_brokers(
                 login,
             )
         except (TimeoutError, OSError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            last = exc
+            continue
+        except (SchemaError, FrameError, struct.error) as exc:  # an answer that cannot be read
             last = exc
             continue
         if answered is not None:

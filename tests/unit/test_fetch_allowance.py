@@ -281,3 +281,23 @@ def test_a_first_fetch_on_one_of_three_replicas_takes_a_third_of_the_burst() -> 
     assert q.fetch_allowance("u", "c", 3000.0) > QUOTA * 9  # alone: the whole bucket again
     q.add_remote([(("", "c"), float(QUOTA))], 3100.0)  # the other's usage goes in as read
     assert q.fetch_allowance("u", "c", 3200.0) < QUOTA * 10 // 3
+
+
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_replica_holding_its_part_alone_gives_a_new_bucket_no_burst(alone: bool) -> None:
+    """A replica rolled in under a busy client starts before it has read the exchange: it holds
+    a third of the quota alone while the others, which see it cut off, hold two thirds. Had its
+    new bucket Kafka's burst, the three together gave out a third of a burst more than the quota
+    at once (a rolling upgrade measured 1.8 times the quota for two seconds). Sharing normally,
+    a bucket new to all replicas keeps its burst (the exchange tells the others of it)."""
+    cfg = QuotaConfig.model_validate({"clients": {"c": {"producer_byte_rate": QUOTA}}})
+    q = ByteRateQuotas(cfg, produce=True, now_ms=0.0)
+    link = ClusterLink()
+    link.set_mode(ClusterMode(1 / 3, True, 3, "starting") if alone else ClusterMode(1.0, False, 3, ""))
+    q.cluster = link
+    part = QUOTA * link.multiplier
+    first = q.record("u", "c", int(part), [], 0.0)  # one second of its part at once
+    if alone:
+        assert first.throttle_ms == pytest.approx(1000, abs=5)  # paid for at its part's rate
+    else:
+        assert first.throttle_ms == 0  # within the burst

@@ -20,8 +20,15 @@ def _api_versions_request() -> bytes:
     return struct.pack(">i", len(payload)) + payload
 
 
+def _heartbeat_request() -> bytes:
+    """A request the proxy passes on unchanged (Heartbeat v0), answered by the stub as it likes."""
+    payload = struct.pack(">hhih", 12, 0, 9, 4) + b"test"
+    return struct.pack(">i", len(payload)) + payload
+
+
 class _ClosingUpstream:
-    """Closes every connection: at once, or after the first bytes it reads."""
+    """Closes every connection (the proxy opens one when its client first sends): after
+    answering the first request, once idle; or as soon as the first bytes arrive."""
 
     def __init__(self) -> None:
         self.after_request = False
@@ -30,7 +37,12 @@ class _ClosingUpstream:
         if self.after_request:
             await reader.read(1)
         else:
-            await asyncio.sleep(0.2)
+            (size,) = struct.unpack(">i", await reader.readexactly(4))
+            request = await reader.readexactly(size)
+            answer = request[4:8] + b"\x00\x00"  # its correlation id, error code 0
+            writer.write(struct.pack(">i", len(answer)) + answer)
+            await writer.drain()
+            await asyncio.sleep(0.2)  # idle: nothing in flight
         writer.close()
 
 
@@ -49,6 +61,8 @@ def _count(server: ProxyServer, kind: str) -> float:
 def test_idle_close_is_not_a_failure(proxy: tuple[int, ProxyServer, _ClosingUpstream]) -> None:
     port, server, _stub = proxy
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(_heartbeat_request())
+        assert sock.recv(10) == struct.pack(">ii", 6, 9) + b"\x00\x00"  # answered, then idle
         assert sock.recv(10) == b""  # the client sees the broker's close
     assert _count(server, "idle_close") == 1
     assert _count(server, "disconnect") == 0
