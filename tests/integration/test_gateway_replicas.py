@@ -177,13 +177,14 @@ def spread_runs(kafka_cluster3: KafkaCluster, gateway: GatewayReplicas) -> Sprea
         thread.start()
         return thread
 
-    threads = [
-        run("spread", lambda: produce(gateway.bootstrap, produce_topic, "spread-p", 3 * QUOTA, 22)),
-        run("fetch", lambda: _consume_spread(gateway.bootstrap, fetch_topic, 30)),
-    ]
-    # Once the spread client has its connections (one to each port, each port's round robin at
-    # a different replica), the other's go where the round robins are then.
-    time.sleep(2)
+    threads = [run("spread", lambda: produce(gateway.bootstrap, produce_topic, "spread-p", 3 * QUOTA, 22))]
+    # The spread client connects first and alone (one connection to each port, each port's round
+    # robin at a different replica): started together, the consumer's connections raced it to the
+    # ports and could leave one replica without any of the producer's. The others' go where the
+    # round robins are then.
+    wait_for(lambda: all(produced(gateway, i) > before[i] for i in range(3)), gateway, 15)
+    threads.append(run("fetch", lambda: _consume_spread(gateway.bootstrap, fetch_topic, 30)))
+    time.sleep(max(0.0, start + 2 - time.monotonic()))
     threads.append(run("alone", lambda: produce(gateway.bootstrap, produce_topic, "alone-p", 2 * QUOTA, 22)))
     time.sleep(max(0.0, start + 20 - time.monotonic()))
     # Read while the client produces (its rates fade once it stops).
