@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dev.harness import KafkaCluster
+from dev.loadgen import open_many
 from dev.proc import rss_bytes
 from dev.proxy_process import ProxyProcess, gateway_config
 from protocol import messages
@@ -48,27 +49,6 @@ def wait_metric(proxy: ProxyProcess, name: str, labels: dict[str, str], want: fl
         time.sleep(0.25)
         value = proxy.metric(name, labels)
     return value
-
-
-async def open_many(host: str, port: int, count: int) -> tuple[list[asyncio.StreamWriter], int, float]:
-    """Open ``count`` connections at once (at most 500 handshakes in flight); returns the
-    writers, the errors, and the seconds it took."""
-    gate = asyncio.Semaphore(500)
-    writers: list[asyncio.StreamWriter] = []
-    errors = 0
-
-    async def one() -> None:
-        nonlocal errors
-        async with gate:
-            try:
-                _reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 30)
-                writers.append(writer)
-            except (OSError, TimeoutError):
-                errors += 1
-
-    began = time.perf_counter()
-    await asyncio.gather(*(one() for _ in range(count)))
-    return writers, errors, time.perf_counter() - began
 
 
 def idle_connections(proxy: ProxyProcess, pid: int, count: int) -> dict[str, float]:

@@ -40,6 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from dev.loadgen import open_many
 from protocol import messages
 from protocol.api_keys import ApiKey
 from protocol.frames import encode_response_header
@@ -175,22 +176,9 @@ def metadata_figures() -> dict[str, float]:
 
 
 async def _hold(host: str, port: int, count: int, seconds: float, measure: Any) -> tuple[int, float]:
-    """Open ``count`` connections (500 handshakes at a time), hold them silent while ``measure``
-    runs, then close them; returns the errors and the measurement."""
-    gate = asyncio.Semaphore(500)
-    writers: list[asyncio.StreamWriter] = []
-    errors = 0
-
-    async def one() -> None:
-        nonlocal errors
-        async with gate:
-            try:
-                _reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 30)
-                writers.append(writer)
-            except (OSError, TimeoutError):
-                errors += 1
-
-    await asyncio.gather(*(one() for _ in range(count)))
+    """Open ``count`` connections, hold them silent while ``measure`` runs, then close them;
+    returns the errors and the measurement."""
+    writers, errors, _seconds = await open_many(host, port, count)
     await asyncio.sleep(2)  # accepted and settled
     value = await asyncio.get_running_loop().run_in_executor(None, measure, seconds)
     for writer in writers:

@@ -6,6 +6,7 @@ acceptance tests otherwise use real clients.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -46,3 +47,24 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def open_many(host: str, port: int, count: int) -> tuple[list[asyncio.StreamWriter], int, float]:
+    """Open ``count`` connections at once (at most 500 handshakes in flight); returns the
+    writers, the errors, and the seconds it took."""
+    gate = asyncio.Semaphore(500)
+    writers: list[asyncio.StreamWriter] = []
+    errors = 0
+
+    async def one() -> None:
+        nonlocal errors
+        async with gate:
+            try:
+                _reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 30)
+                writers.append(writer)
+            except (OSError, TimeoutError):
+                errors += 1
+
+    began = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(count)))
+    return writers, errors, time.perf_counter() - began

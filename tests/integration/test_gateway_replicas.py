@@ -116,6 +116,20 @@ def produce(
     return acked
 
 
+def greedy_spread_producer(
+    gw: GatewayReplicas, topic: str
+) -> tuple[threading.Event, list[tuple[float, int]], threading.Thread]:
+    """``spread-p`` producing three times its quota through the gateway, started: set the event
+    to stop it; the list gets (time, bytes) of each acknowledged message."""
+    stop = threading.Event()
+    acked: list[tuple[float, int]] = []
+    thread = threading.Thread(
+        target=steady_producer, args=(gw.bootstrap, topic, "spread-p", 3 * QUOTA, stop, acked)
+    )
+    thread.start()
+    return stop, acked, thread
+
+
 def produced(gw: GatewayReplicas, index: int) -> float:
     return gw.metric(index, "kthrottle_request_bytes_total", {"api": "Produce"})
 
@@ -435,12 +449,7 @@ def test_a_replica_cut_off_from_the_exchange_keeps_its_part_and_the_sum_holds(
     together stay within the quota; /readyz and the metrics say why. When the exchange returns,
     they share the quota again."""
     topic = topic_over_three_brokers(kafka_cluster3, "gw-cut")
-    stop = threading.Event()
-    acked: list[tuple[float, int]] = []
-    thread = threading.Thread(
-        target=steady_producer, args=(gateway.bootstrap, topic, "spread-p", 3 * QUOTA, stop, acked)
-    )
-    thread.start()
+    stop, acked, thread = greedy_spread_producer(gateway, topic)
     try:
         time.sleep(6)
         for fe in relay.frontends:
@@ -494,12 +503,7 @@ def test_a_killed_replicas_clients_reconnect_and_the_quota_holds(
     from confluent_kafka import Consumer, TopicPartition
 
     topic = topic_over_three_brokers(kafka_cluster3, "gw-kill")
-    stop = threading.Event()
-    acked: list[tuple[float, int]] = []
-    thread = threading.Thread(
-        target=steady_producer, args=(gateway.bootstrap, topic, "spread-p", 3 * QUOTA, stop, acked)
-    )
-    thread.start()
+    stop, acked, thread = greedy_spread_producer(gateway, topic)
     try:
         time.sleep(8)
         killed_at = time.monotonic()
