@@ -83,7 +83,6 @@ class Pipeline(ConnectionFlow):
         self.responses = FrameDecoder(server.cfg.max_frame_bytes, stream_from=self.stream_from)
         self.streams = FrameStreams(self)
         self.in_flight: deque[InFlight] = deque()
-        self.pending: list[bytes | bytearray] = []  # frames read before the upstream connected
         self._unread = 0  # bytes the client sent before the upstream connection was asked for
         self.closed = False
         self.user = ANONYMOUS  # the authenticated principal, once the proxy knows it
@@ -166,9 +165,6 @@ class Pipeline(ConnectionFlow):
             self.upstream = transport
             transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
             self.upstream_addr = f"{host}:{port}"
-            for frame in self.pending:
-                self.forward(frame)
-            self.pending.clear()
             if self._upstream_pauses:
                 transport.pause_reading()
             unread, self._unread = self._unread, 0
@@ -376,11 +372,9 @@ class Pipeline(ConnectionFlow):
         return entry
 
     def send(self, frame: bytes | bytearray) -> None:
-        """Forward a request, or queue it until the upstream connection is up (or a request
-        being streamed has gone out)."""
-        if self.upstream is None:
-            self.pending.append(frame)
-        elif self.streams.request_open:
+        """Forward a request, or queue it until a request being streamed has gone out (nothing is
+        read before the upstream connection is up, so no request waits for it)."""
+        if self.streams.request_open:
             self.streams.after_request.append(frame)
         else:
             self.forward(frame)
