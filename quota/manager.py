@@ -634,7 +634,10 @@ class ByteRateQuotas:
         if not self.shared(match):
             return match.quota
         assert self.cluster is not None
-        rate = self.clients.get(match.bucket)
+        # The windowed rate is made here if need be: the others' usage read before this
+        # replica served the entity goes into it (a consumer moved here by a rolled replica is
+        # busy, and its first fetch is sized from that), not dropped for want of a table.
+        rate = self._rate(self.clients, match.bucket, now_ms)
         self.shared_buckets.fold(match.bucket, self.shapers.get(match.bucket), rate, now_ms)
         return match.quota * self.cluster.multiplier
 

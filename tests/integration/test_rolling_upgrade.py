@@ -156,7 +156,15 @@ def test_a_gateway_rolled_from_the_previous_release_keeps_its_quotas_and_data(
     assert 0.75 * PRODUCE_QUOTA <= produce_rate <= 1.1 * PRODUCE_QUOTA, (
         f"{produce_rate / PRODUCE_QUOTA}: {why}"
     )
-    assert 0.7 * FETCH_QUOTA <= fetch_rate <= 1.1 * FETCH_QUOTA, f"{fetch_rate / FETCH_QUOTA:.3f}: {why}"
+    # The consumer's three connections stay where they are while a replica starts: until the new
+    # one reads the exchange (the wait of each step), the others hold their two thirds and the
+    # new one's third is set aside for clients it has none of; then less what the reconnections
+    # cost (local runs: 0.74-0.93 of the quota).
+    waits = sum(wait for _, _, wait in steps)
+    floor = 0.85 * (waits * 2 / 3 + (end - roll_start - waits)) / (end - roll_start)
+    assert floor * FETCH_QUOTA <= fetch_rate <= 1.1 * FETCH_QUOTA, (
+        f"{fetch_rate / FETCH_QUOTA:.3f} (floor {floor:.3f}): {why}"
+    )
     assert unreadable(gw) == [0, 0, 0]
     consumer = Consumer({"bootstrap.servers": kafka_cluster3.bootstrap_servers, "group.id": f"check-{topic}"})
     ends = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(6)]

@@ -301,3 +301,20 @@ def test_a_replica_holding_its_part_alone_gives_a_new_bucket_no_burst(alone: boo
         assert first.throttle_ms == pytest.approx(1000, abs=5)  # paid for at its part's rate
     else:
         assert first.throttle_ms == 0  # within the burst
+
+
+def test_a_consumer_moving_to_a_replica_that_read_its_usage_gets_no_burst() -> None:
+    """A consumer whose connections move to a replica that never served it (its replica was
+    rolled) is busy: that replica has read its usage from the others' reports. The first fetch
+    there is sized from that usage; dropped because no windowed rate held it yet, the first
+    fetch got Kafka's whole burst (a rolling upgrade measured 3 to 6 times the fetch quota for
+    two seconds, then nothing for four)."""
+    q = _quotas()
+    link = ClusterLink()
+    link.set_mode(ClusterMode(1.0, False, 3, ""))
+    q.cluster = link
+    for second in range(1, 11):  # the client fetched at its quota through another replica
+        q.add_remote([(("", "c"), float(QUOTA))], second * 1000.0)
+    allowed = q.fetch_allowance("u", "c", 10_100.0)
+    assert allowed is not None and allowed <= QUOTA  # a window sample's worth, not the burst
+    assert q.fetch_wait_ms("u", "c", 10_100.0) == 0  # nothing in flight yet: it goes now
