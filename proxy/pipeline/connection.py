@@ -84,6 +84,10 @@ class Pipeline(ConnectionFlow):
         self.streams = FrameStreams(self)
         self.in_flight: deque[InFlight] = deque()
         self._unread = 0  # bytes the client sent before the upstream connection was asked for
+        # Frames decoded from one read go out in one write (one syscall, not one per frame):
+        # collected here while a read's frames are handled, written once at its end.
+        self._upstream_batch: list[bytes | bytearray] | None = None
+        self._client_batch: list[bytes | bytearray] | None = None
         self.closed = False
         self.user = ANONYMOUS  # the authenticated principal, once the proxy knows it
         self.node_id = listener.node_id  # the broker this connection stands for (None: bootstrap)
@@ -216,6 +220,9 @@ class Pipeline(ConnectionFlow):
         self.closed = True
         if reason:
             log.log(level, "conn %d from %s on %s closed: %s", self.id, self.peer, self.listener.name, reason)
+        # What was handled before the close still goes out, as it would have unbatched.
+        self._flush_upstream_batch(end=True)
+        self._flush_client_batch(end=True)
         close_bounded(self.client, self.loop)
         if self.upstream is not None:
             close_bounded(self.upstream, self.loop)
@@ -285,18 +292,58 @@ class Pipeline(ConnectionFlow):
             self.frame_started = None
         elif self.frame_started is None or (frames and type(frames[-1]) is not Piece):
             self.frame_started = self.loop.time()  # a new frame began in these bytes
-        for frame in frames:
-            if self.closed:
-                return
-            kind = type(frame)
-            if kind is Piece:
-                self.streams.request_piece(frame)
-            elif kind is FrameHead:
-                self.streams.request_head(frame)
-            elif self.holding:  # a throttled connection is muted: Kafka would not have read these yet
-                self.held.append(frame)
-            else:
-                self._request(frame)
+        if len(frames) == 1:
+            self._take_request(frames[0])
+            return
+        self._upstream_batch = []
+        try:
+            for frame in frames:
+                if self.closed:
+                    return
+                self._take_request(frame)
+        finally:
+            self._flush_upstream_batch(end=True)
+
+    def _take_request(self, frame: Any) -> None:
+        kind = type(frame)
+        if kind is Piece:
+            self._flush_upstream_batch()  # a streamed frame is written as it comes
+            self.streams.request_piece(frame)
+        elif kind is FrameHead:
+            self._flush_upstream_batch()
+            self.streams.request_head(frame)
+        elif self.holding:  # a throttled connection is muted: Kafka would not have read these yet
+            self.held.append(frame)
+        else:
+            self._request(frame)
+
+    def _flush_upstream_batch(self, end: bool = False) -> None:
+        """Write the frames collected for the upstream (before anything written directly);
+        with ``end``, stop collecting."""
+        batch = self._upstream_batch
+        if batch is None:
+            return
+        self._upstream_batch = None if end else []
+        if batch and self.upstream is not None:
+            self.upstream.writelines(batch)
+
+    def _flush_client_batch(self, end: bool = False) -> None:
+        """Write the frames collected for the client (before anything written directly); with
+        ``end``, stop collecting."""
+        batch = self._client_batch
+        if batch is None:
+            return
+        self._client_batch = None if end else []
+        if batch:
+            self.client.writelines(batch)
+
+    def _write_client(self, payload: bytes | bytearray) -> None:
+        batch = self._client_batch
+        if batch is None:
+            self.client.writelines((SIZE.pack(len(payload)), payload))
+        else:
+            batch.append(SIZE.pack(len(payload)))
+            batch.append(payload)
 
     def _request(self, frame: bytearray) -> None:
         try:
@@ -380,8 +427,13 @@ class Pipeline(ConnectionFlow):
             self.forward(frame)
 
     def forward(self, frame: bytes | bytearray) -> None:
-        assert self.upstream is not None
-        self.upstream.writelines((SIZE.pack(len(frame)), frame))
+        batch = self._upstream_batch
+        if batch is None:
+            assert self.upstream is not None
+            self.upstream.writelines((SIZE.pack(len(frame)), frame))
+        else:
+            batch.append(SIZE.pack(len(frame)))
+            batch.append(frame)
 
     @staticmethod
     def encoded_answer(header: RequestHeader, body: dict[str, Any]) -> bytes:
@@ -401,7 +453,7 @@ class Pipeline(ConnectionFlow):
         while self.in_flight and self.in_flight[0].local_response is not None:
             entry = self.in_flight.popleft()
             assert entry.local_response is not None
-            self.client.writelines((SIZE.pack(len(entry.local_response)), entry.local_response))
+            self._write_client(entry.local_response)
             self.bytes_out += len(entry.local_response) + 4
             if entry.throttle_ms:
                 self.mute(entry.throttle_ms)
@@ -421,16 +473,28 @@ class Pipeline(ConnectionFlow):
             self.metrics.upstream_errors.labels("bad-frame").inc()
             self.close(f"upstream sent a bad frame: {exc}")
             return
-        for frame in frames:
-            if self.closed:
-                return
-            kind = type(frame)
-            if kind is Piece:
-                self.streams.response_piece(frame)
-            elif kind is FrameHead:
-                self.streams.response_head(frame)
-            else:
-                self._response(frame)
+        if len(frames) == 1:
+            self._take_response(frames[0])
+            return
+        self._client_batch = []
+        try:
+            for frame in frames:
+                if self.closed:
+                    return
+                self._take_response(frame)
+        finally:
+            self._flush_client_batch(end=True)
+
+    def _take_response(self, frame: Any) -> None:
+        kind = type(frame)
+        if kind is Piece:
+            self._flush_client_batch()  # a streamed frame is written as it comes
+            self.streams.response_piece(frame)
+        elif kind is FrameHead:
+            self._flush_client_batch()
+            self.streams.response_head(frame)
+        else:
+            self._response(frame)
 
     def sent(self, entry: InFlight) -> None:
         """``entry``'s response went out: its mute begins, reads may go on, local answers follow."""
@@ -473,5 +537,5 @@ class Pipeline(ConnectionFlow):
         self.bytes_out += len(frame) + 4
         for watcher in entry.watchers:
             watcher.on_done(entry, upstream * 1000)
-        self.client.writelines((SIZE.pack(len(frame)), frame))
+        self._write_client(frame)
         self.sent(entry)

@@ -1,0 +1,75 @@
+"""Frames that arrive in one read go out in one write: a client pipelining small requests (5
+in flight, a consumer's fetches to one broker) costs the proxy one send per read each way, not
+one per frame (the per-request cost that kept small requests dearer than a bare relay)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from typing import Any
+
+from protocol.frames import FrameDecoder
+from tests.unit.conftest import proxy_in_front_of, recv_exactly
+
+
+class CountingTransport:
+    """Delegates to a transport, counting the calls that write."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.writes = 0
+
+    def write(self, data: Any) -> None:
+        self.writes += 1
+        self.inner.write(data)
+
+    def writelines(self, data: Any) -> None:
+        self.writes += 1
+        self.inner.writelines(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def answer_each_read_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers every frame of a read in one write (correlation id, then its own request)."""
+    decoder = FrameDecoder()
+    while data := await reader.read(65536):
+        answers = b""
+        for frame in decoder.feed(data):
+            if struct.unpack_from(">h", frame, 0)[0] == 3:  # the proxy's own broker discovery
+                writer.close()
+                return
+            answer = bytes(frame[4:8]) + bytes(frame)
+            answers += struct.pack(">i", len(answer)) + answer
+        writer.write(answers)
+    writer.close()
+
+
+def _heartbeat(correlation_id: int) -> bytes:
+    payload = struct.pack(">hhih", 12, 0, correlation_id, 4) + b"beat"  # passed through undecoded
+    return struct.pack(">i", len(payload)) + payload
+
+
+def test_pipelined_requests_and_their_answers_go_out_in_one_write_each_way() -> None:
+    with (
+        proxy_in_front_of(answer_each_read_at_once) as (loop, port, server),
+        socket.create_connection(("127.0.0.1", port), timeout=10) as client,
+    ):
+        client.sendall(_heartbeat(0))
+        recv_exactly(client, 4 + 4 + 14)  # the upstream connection is up
+        (pipeline,) = server.pipelines
+
+        async def wrap() -> tuple[CountingTransport, CountingTransport]:  # on the proxy's loop
+            up, down = CountingTransport(pipeline.upstream), CountingTransport(pipeline.client)
+            pipeline.upstream, pipeline.client = up, down  # type: ignore[assignment]
+            return up, down
+
+        upstream, to_client = asyncio.run_coroutine_threadsafe(wrap(), loop).result(5)
+        wire = b"".join(_heartbeat(c) for c in range(1, 11))
+        client.sendall(wire)  # one segment: the proxy reads all ten at once
+        got = recv_exactly(client, 10 * (4 + 4 + 14))
+        expected = b"".join(struct.pack(">ii", 18, c) + _heartbeat(c)[4:] for c in range(1, 11))
+        assert got == expected  # every answer, in order
+        assert (upstream.writes, to_client.writes) == (1, 1)
