@@ -12,6 +12,10 @@ line of medians over the rounds:
                                 bulk_fetch        the consume run above
                                 small_5k          5,000 msg/s of 1 KiB, linger.ms=0: small requests
                                 small_saturating  1 KiB records as fast as they go, linger.ms=0
+  small_request_cpu_to_floor  small_5k CPU per GB over the bare relay's on the same shape of
+                              requests (bench/relay_floor.py, run in the same rounds)
+  bulk_fetch_cpu_to_floor     bulk_fetch CPU per GB over the bare relay copying bytes in and out
+                              of user space (bench/relay_floor.py's bulk copy, same rounds)
   added_median_latency_ms,    proxy - direct median and p99 of Produce round trips (one 1 KiB
   added_p99_latency_ms        record per request, acks=1, Produce v9, one connection) at a steady
                               5,000 msg/s after a 2 s warm-up, timed to the microsecond
@@ -34,6 +38,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import relay_floor
 
 from dev.harness import KafkaCluster
 from dev.loadgen import CORRELATION_OFFSET, produce_request
@@ -192,6 +199,7 @@ def main() -> None:
         cpu: dict[str, list[float]] = {w: [] for w in plan}
         lat50: dict[str, list[float]] = {"direct": [], "proxy": []}
         lat99: dict[str, list[float]] = {"direct": [], "proxy": []}
+        floor: dict[str, list[float]] = {"small_5k": [], "bulk_fetch": []}
         for rnd in range(args.rounds):
             order = [("direct", direct), ("proxy", proxied)]
             if rnd % 2:
@@ -207,6 +215,13 @@ def main() -> None:
                     if pid is not None:
                         note = f", proxy CPU {per_gb:.2f} s/GB ({result['user_share']:.0%} user)"
                     print(f"round {rnd} {workload} {name}: {result['rate']:.0f} rec/s{note}", flush=True)
+            # The bare relay on this machine in the same round: the floor any proxy pays.
+            if "small_5k" in plan:
+                floor["small_5k"].append(relay_floor.small_cpu_s_per_gb())
+            if "bulk_fetch" in plan:
+                floor["bulk_fetch"].append(relay_floor.bulk(relay_floor.copy_relay))
+            done = ", ".join(f"{k} {v[-1]:.2f} s/GB" for k, v in floor.items() if v)
+            print(f"round {rnd} relay floor: {done}", flush=True)
             for name, boot in order:
                 r = latency_probe(boot, "latency", args.latency_seconds)
                 lat50[name].append(r["p50_ms"])
@@ -224,7 +239,15 @@ def main() -> None:
             return None
         return round(med(rates[workload]["proxy"]) / med(rates[workload]["direct"]), 3)
 
+    def to_floor(workload: str) -> float | None:
+        if not floor.get(workload) or not cpu.get(workload):
+            return None
+        return round(med(cpu[workload]) / med(floor[workload]), 2)
+
     figures = {
+        "small_request_cpu_to_floor": to_floor("small_5k"),
+        "bulk_fetch_cpu_to_floor": to_floor("bulk_fetch"),
+        "relay_floor_cpu_s_per_gb": {k: round(med(v), 2) for k, v in floor.items() if v},
         "producer_throughput_ratio": ratio("bulk_produce"),
         "consumer_throughput_ratio": ratio("bulk_fetch"),
         "small_saturating_throughput_ratio": ratio("small_saturating"),

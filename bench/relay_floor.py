@@ -165,6 +165,11 @@ def small() -> float:
     return cpu
 
 
+def small_cpu_s_per_gb() -> float:
+    """``small`` as CPU seconds per GB of request bytes (kthrottle's small_5k is per GB of records)."""
+    return small() / (SMALL_RATE * SMALL_SECONDS * SMALL_REQUEST / 1e9)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
