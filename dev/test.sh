@@ -10,6 +10,10 @@ source dev/setup.sh
 export SPARK_LOCAL_IP=127.0.0.1
 export KTHROTTLE_REQUIRE_TOOLS=1  # a missing tool (helm, Chromium, haproxy, a container engine, root) fails, never skips
 export KTHROTTLE_QUICK_TOOLS=1   # Kafka's Java tools start with C1 only (dev/harness.py java_command)
+# Built by setup (a compiler is here): the suite must run on the compiled modules, not fall back.
+if [ -f ".compiled/$(python -c 'import sys; print(sys.implementation.cache_tag)')/STAMP" ]; then
+  export KTHROTTLE_REQUIRE_COMPILED=1
+fi
 # The report's browser check needs Chromium: installed here (Debian's package, when missing), so
 # the download does not count against the test run's time.
 bash dev/chromium.sh >/dev/null || echo "setup: no Chromium; test_report_browser.py will say why" >&2
@@ -32,6 +36,19 @@ python -m pytest -p no:cacheprovider -q -ra --durations=60 --ignore=tests/image 
 if [ "$status" != 0 ] || [ $# -gt 0 ]; then
   exit "$status"   # a failure, or a developer's selection: the image step is for the whole run
 fi
+
+# The codec, quota and pipeline unit tests once more on the pure-Python source (the suite above
+# ran them compiled): both must stay right, as a machine with no compiler runs pure Python.
+pure_began=$SECONDS
+echo "== unit tests on pure Python (KTHROTTLE_PURE_PYTHON=1)" >&2
+KTHROTTLE_PURE_PYTHON=1 python -m pytest -p no:cacheprovider -q \
+  tests/unit/test_compiled.py tests/unit/test_frame_decoder.py tests/unit/test_frame_deadline.py \
+  tests/unit/test_codec_roundtrip.py tests/unit/test_messages.py tests/unit/test_produce_scan.py \
+  tests/unit/test_metadata_brokers.py tests/unit/test_fuzz_regressions.py \
+  tests/unit/test_pipeline_*.py tests/unit/test_quota_rate.py tests/unit/test_quota_entities.py \
+  tests/unit/test_fetch_allowance.py tests/unit/test_produce_shaping.py \
+  tests/unit/test_bounded_throttles.py tests/unit/test_cluster_quotas.py
+echo "== pure-Python unit tests took $((SECONDS - pure_began)) s" >&2
 
 # The container image: built by dev/image.sh (base images made with debootstrap where no registry
 # answers; cached under the project cache) and run for real. Its own step, outside the pytest

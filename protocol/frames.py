@@ -31,21 +31,26 @@ class FrameTooLarge(FrameError):
 STREAM_CHUNK_BYTES = 256 * 1024  # a streamed frame is read into buffers this large
 
 
-@dataclass(slots=True)
 class FrameHead:
     """A large frame has begun: its payload size and first bytes (a view valid until the next
-    call into the decoder). ``FrameDecoder.stream()`` takes it; otherwise it is gathered whole."""
+    call into the decoder). ``FrameDecoder.stream()`` takes it; otherwise it is gathered whole.
+    (A plain class: mypyc compiles no dataclass field typed ``memoryview``.)"""
 
-    size: int
-    head: memoryview
+    __slots__ = ("head", "size")
+
+    def __init__(self, size: int, head: memoryview) -> None:
+        self.size = size
+        self.head = head
 
 
-@dataclass(slots=True)
 class Piece:
     """Bytes of a streamed frame, in order; ``last`` on the one that ends it."""
 
-    data: memoryview
-    last: bool
+    __slots__ = ("data", "last")
+
+    def __init__(self, data: memoryview, last: bool) -> None:
+        self.data = data
+        self.last = last
 
 
 class FrameDecoder:

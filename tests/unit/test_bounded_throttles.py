@@ -44,17 +44,9 @@ def test_what_the_bound_leaves_unpaid_is_paid_by_the_next_requests(connections: 
     60 s of quota, not the backlog on top (with the debt forgiven it would be 40% more)."""
     q = _quotas(produce=True)
     throttles: list[int] = []
-    original = q.record
-
-    def record(*args: object) -> object:
-        decision = original(*args)  # type: ignore[arg-type]
-        throttles.append(decision.throttle_ms)
-        return decision
-
-    q.record = record  # type: ignore[method-assign]
     backlog = 30 * QUOTA
-    q.record("u", "c", backlog, [], 0.0)
-    marks = _produce(q, connections, size, 60.0)
+    throttles.append(q.record("u", "c", backlog, [], 0.0).throttle_ms)
+    marks = _produce(q, connections, size, 60.0, throttles=throttles)
     assert max(throttles) <= BOUND
     assert sum(1 for t in throttles if t == BOUND) > 10  # the bound was reached, and held
     allowed = 10 * QUOTA + 60 * QUOTA  # the burst, and 60 s of the quota

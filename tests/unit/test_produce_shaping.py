@@ -26,7 +26,12 @@ def _quotas(shaping: str) -> ByteRateQuotas:
 
 
 def _produce(
-    q: ByteRateQuotas, connections: int, request: int, seconds: float, hold: bool = False
+    q: ByteRateQuotas,
+    connections: int,
+    request: int,
+    seconds: float,
+    hold: bool = False,
+    throttles: list[int] | None = None,
 ) -> list[tuple[float, int]]:
     """A greedy producer with ``connections`` connections (one per broker), each with 5 requests
     in flight of ``request`` bytes. The proxy charges each request as it reads it; one that is
@@ -34,7 +39,7 @@ def _produce(
     (KIP-219), the next request read after that; otherwise the next pipelined request is read at
     once (five in flight: one a fifth of a round trip later). With ``hold`` (hold_across_connections),
     a request on any connection is read only once the entity's last throttle has passed.
-    Returns (time s, bytes charged)."""
+    Returns (time s, bytes charged); each request's throttle goes into ``throttles`` if given."""
     events = [(0.0, conn) for conn in range(connections)]
     charged = 0
     marks = [(0.0, 0)]
@@ -47,6 +52,8 @@ def _produce(
             heapq.heappush(events, (held_until, conn))
             continue
         decision = q.record("u", "c", request, [], now)
+        if throttles is not None:
+            throttles.append(decision.throttle_ms)
         if decision.throttled:
             held_until = max(held_until, now + decision.client_throttle_ms)
         charged += request
