@@ -22,7 +22,7 @@
 ARG PYTHON_VERSION=3.11.14
 ARG DEBIAN_RELEASE=bookworm
 
-# ---- builder: the full Python image (compilers on hand should a dependency lack a wheel) -----
+# ---- builder: the full Python image (its C compiler builds the compiled hot path) -------------
 FROM python:${PYTHON_VERSION}-${DEBIAN_RELEASE} AS builder
 ARG PIP_VERSION=25.3
 ARG SETUPTOOLS_VERSION=80.9.0
@@ -55,7 +55,21 @@ RUN --mount=type=secret,id=pip_ca --mount=type=secret,id=pip_conf \
     && python -m pip wheel --no-deps --no-build-isolation --wheel-dir /wheels . \
     && wheel=$(echo /wheels/kthrottle-*.whl) \
     && /opt/kthrottle/bin/pip install "${wheel}${KTHROTTLE_EXTRAS:+[${KTHROTTLE_EXTRAS}]}" \
-    && /opt/kthrottle/bin/python -c "import uvloop, proxy.cli" \
+    && /opt/kthrottle/bin/python -c "import uvloop, proxy.cli"
+# The compiled hot path (protocol/compiled.py): mypyc builds it here, in a build-only venv with
+# the project's dependencies (mypy reads their types), next to the installed packages, where
+# protocol/compiled.py looks for it. Nothing of mypy or the compiler reaches the final stage.
+ARG MYPY_VERSION=2.4.1
+COPY dev/compile.py ./dev/compile.py
+RUN --mount=type=secret,id=pip_ca --mount=type=secret,id=pip_conf \
+    . /usr/local/bin/pip_env \
+    && python -m venv /opt/build \
+    && /opt/build/bin/pip install "pip==${PIP_VERSION}" "setuptools==${SETUPTOOLS_VERSION}" \
+        "mypy==${MYPY_VERSION}" /wheels/kthrottle-*.whl \
+    && /opt/build/bin/python dev/compile.py --require \
+    && site=$(/opt/kthrottle/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") \
+    && cp -r .compiled "$site/.compiled" \
+    && /opt/kthrottle/bin/python -c "import protocol.frames as f, quota.manager as m; assert f.__file__.endswith('.so') and m.__file__.endswith('.so'), (f.__file__, m.__file__)" \
     && /opt/kthrottle/bin/pip uninstall -y pip
 
 # ---- final: slim Python, the venv, a non-root user; no compilers, no build tools ---------------

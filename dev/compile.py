@@ -4,7 +4,7 @@ from the same typed source into ``.compiled/<python tag>/`` (see protocol/compil
 Does nothing when the build there matches the sources. Without a C compiler it says so and
 exits 0: everything then runs as pure Python. With one, a failed build is an error.
 
-Usage: python dev/compile.py [--force] [--out DIR]
+Usage: python dev/compile.py [--force] [--require]
 """
 
 from __future__ import annotations
@@ -68,12 +68,15 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--force", action="store_true", help="build even if the build matches the sources")
+    parser.add_argument("--require", action="store_true", help="no C compiler is an error (the image build)")
     args = parser.parse_args()
     out = build_dir()
     stamp = out / "STAMP"
     if not args.force and stamp.is_file() and stamp.read_text().strip() == source_stamp():
         return
     if compiler() is None:
+        if args.require:
+            raise SystemExit("compile: no C compiler or Python headers, and --require was given")
         print("compile: no C compiler or Python headers here: kthrottle runs as pure Python", file=sys.stderr)
         return
     print(f"compile: building {len(COMPILED)} modules with mypyc into {out}", file=sys.stderr)

@@ -76,16 +76,27 @@ make_base() {
   bash "$repo/dev/debootstrap_base.sh" "$engine" "$name" "$release" "$@"
 }
 
+# The builder compiles the hot path (dev/compile.py): a C compiler and Python's headers.
+can_compile() {
+  "$engine" run --rm "${run_args[@]}" "$1" python -c \
+    "import os, shutil, sys, sysconfig; sys.exit(not (shutil.which('gcc') and os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))))" \
+    >/dev/null 2>&1
+}
+
 for base in "$builder_base" "$final_base"; do
   if have_image "$base"; then
-    continue
+    if [ "$base" = "$final_base" ] || can_compile "$base"; then
+      continue
+    fi
+    say "$base has no C compiler (made before the compiled hot path): made again"
+    "$engine" rmi -f "$base" >/dev/null
   fi
   if timeout 60 "$engine" pull -q "$base" >/dev/null 2>&1; then
     continue
   fi
   case "$base" in
     *-slim-*) make_base "$base" python3 python-is-python3 ca-certificates ;;
-    *) make_base "$base" python3 python3-venv python3-pip python-is-python3 ca-certificates ;;
+    *) make_base "$base" python3 python3-venv python3-pip python-is-python3 ca-certificates gcc python3-dev ;;
   esac
 done
 

@@ -249,3 +249,23 @@ def test_the_default_image_is_lean(image: tuple[str, list[str], int]) -> None:
     )
     assert probe.returncode != 0 and "No module named 'pyarrow'" in probe.stderr
     assert size <= 200, f"{size} MB"
+
+
+def test_the_image_runs_the_compiled_hot_path(image: tuple[str, list[str], int]) -> None:
+    """Every module of protocol/compiled.py's COMPILED is loaded from its extension in the image
+    (built in the builder stage), and the proxy's own modules import with them."""
+    engine, run_args, _size = image
+    probe = (
+        "import importlib, proxy.cli\n"
+        "from protocol.compiled import COMPILED, loaded_compiled\n"
+        "names = [rel[:-3].replace('/', '.') for rel in COMPILED]\n"
+        "print(sorted(n for n in names if not loaded_compiled(importlib.import_module(n))))\n"
+    )
+    run = subprocess.run(
+        [engine, "run", "--rm", *run_args, "--entrypoint", "python", TAG, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split("\n")[-2] == "[]", run.stdout  # none left pure
