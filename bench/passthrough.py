@@ -200,6 +200,7 @@ def main() -> None:
         lat50: dict[str, list[float]] = {"direct": [], "proxy": []}
         lat99: dict[str, list[float]] = {"direct": [], "proxy": []}
         floor: dict[str, list[float]] = {"small_5k": [], "bulk_fetch": []}
+        per_request: dict[str, list[float]] = {"small_5k": []}  # records per Produce request
         for rnd in range(args.rounds):
             order = [("direct", direct), ("proxy", proxied)]
             if rnd % 2:
@@ -207,7 +208,11 @@ def main() -> None:
             for workload, (records, run) in plan.items():
                 for name, boot in order:
                     pid = proxy_pid if name == "proxy" else None
+                    produced = proxy.metric("kthrottle_requests_total", {"api": "Produce"})
                     result, per_gb = cpu_per_gb(pid, records, functools.partial(run, boot))
+                    if pid is not None and workload == "small_5k":
+                        sent = proxy.metric("kthrottle_requests_total", {"api": "Produce"}) - produced
+                        per_request[workload].append(records / max(sent, 1))
                     rates[workload][name].append(result["rate"])
                     if pid is not None:
                         cpu[workload].append(per_gb)
@@ -248,6 +253,7 @@ def main() -> None:
         "small_request_cpu_to_floor": to_floor("small_5k"),
         "bulk_fetch_cpu_to_floor": to_floor("bulk_fetch"),
         "relay_floor_cpu_s_per_gb": {k: round(med(v), 2) for k, v in floor.items() if v},
+        "records_per_request": {k: round(med(v), 2) for k, v in per_request.items() if v},
         "producer_throughput_ratio": ratio("bulk_produce"),
         "consumer_throughput_ratio": ratio("bulk_fetch"),
         "small_saturating_throughput_ratio": ratio("small_saturating"),
