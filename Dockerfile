@@ -69,7 +69,7 @@ RUN --mount=type=secret,id=pip_ca --mount=type=secret,id=pip_conf \
     && /opt/build/bin/python dev/compile.py --require \
     && site=$(/opt/kthrottle/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") \
     && cp -r .compiled "$site/.compiled" \
-    && /opt/kthrottle/bin/python -c "import protocol.frames as f, quota.manager as m; assert f.__file__.endswith('.so') and m.__file__.endswith('.so'), (f.__file__, m.__file__)" \
+    && /opt/kthrottle/bin/python -P -c "import protocol.frames as f, quota.manager as m; assert f.__file__.endswith('.so') and m.__file__.endswith('.so'), (f.__file__, m.__file__)" \
     && /opt/kthrottle/bin/pip uninstall -y pip
 
 # ---- final: slim Python, the venv, a non-root user; no compilers, no build tools ---------------

@@ -10,6 +10,7 @@ Usage: python dev/compile.py [--force] [--require]
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import shutil
 import subprocess
@@ -33,7 +34,9 @@ def compiler() -> str | None:
 
 
 def build(out: Path) -> None:
-    """mypyc + setuptools' build_ext, from a scratch copy: nothing is written beside the source."""
+    """mypyc + setuptools' build_ext, from a scratch copy: nothing is written beside the source.
+    The stamp is of the sources as copied; a source changed during the build fails it."""
+    stamp = source_stamp()
     with tempfile.TemporaryDirectory(prefix="kthrottle-mypyc-") as scratch:
         work = Path(scratch)
         for rel in COMPILED:
@@ -55,12 +58,17 @@ def build(out: Path) -> None:
         if run.returncode != 0:
             sys.stderr.write(run.stdout[-4000:] + run.stderr[-4000:])
             raise SystemExit(f"compile: mypyc failed (exit {run.returncode})")
-        tmp_out = out.with_name(out.name + ".new")
-        shutil.rmtree(tmp_out, ignore_errors=True)
-        shutil.copytree(built, tmp_out)
-        (tmp_out / "STAMP").write_text(source_stamp() + "\n")
-        shutil.rmtree(out, ignore_errors=True)
-        tmp_out.rename(out)
+        if source_stamp() != stamp:
+            raise SystemExit("compile: a source changed while it was being compiled: run it again")
+        staged = Path(tempfile.mkdtemp(prefix=f"{out.name}.new-", dir=out.parent))
+        shutil.copytree(built, staged, dirs_exist_ok=True)
+        (staged / "STAMP").write_text(stamp + "\n")
+        # Swapped by renames: a process starting meanwhile finds the old build whole or the new.
+        old = out.with_name(f"{out.name}.old-{os.getpid()}")
+        if out.exists():
+            out.rename(old)
+        staged.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def main() -> None:
@@ -71,16 +79,22 @@ def main() -> None:
     parser.add_argument("--require", action="store_true", help="no C compiler is an error (the image build)")
     args = parser.parse_args()
     out = build_dir()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time per checkout
+        compile_once(out, args.force, args.require)
+
+
+def compile_once(out: Path, force: bool, require: bool) -> None:
     stamp = out / "STAMP"
-    if not args.force and stamp.is_file() and stamp.read_text().strip() == source_stamp():
+    if not force and stamp.is_file() and stamp.read_text().strip() == source_stamp():
         return
     if compiler() is None:
-        if args.require:
+        if require:
             raise SystemExit("compile: no C compiler or Python headers, and --require was given")
         print("compile: no C compiler or Python headers here: kthrottle runs as pure Python", file=sys.stderr)
         return
     print(f"compile: building {len(COMPILED)} modules with mypyc into {out}", file=sys.stderr)
-    out.parent.mkdir(parents=True, exist_ok=True)
     build(out)
 
 

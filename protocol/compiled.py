@@ -44,11 +44,13 @@ def build_dir() -> Path:
 
 
 def source_stamp() -> str:
-    """What a build is of: this Python and the compiled modules' sources."""
+    """What a build is of: this Python and every source of the compiled packages (a compiled
+    module holds the types it imports from its package's pure modules too, checked at run time)."""
     digest = hashlib.sha256(sys.implementation.cache_tag.encode())
-    for rel in COMPILED:
-        digest.update(rel.encode() + b"\0")
-        digest.update((ROOT / rel).read_bytes())
+    for package in sorted({rel.split("/")[0] for rel in COMPILED}):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            digest.update(str(path.relative_to(ROOT)).encode() + b"\0")
+            digest.update(path.read_bytes())
     return digest.hexdigest()
 
 

@@ -221,8 +221,8 @@ class Pipeline(ConnectionFlow):
         if reason:
             log.log(level, "conn %d from %s on %s closed: %s", self.id, self.peer, self.listener.name, reason)
         # What was handled before the close still goes out, as it would have unbatched.
-        self._flush_upstream_batch(end=True)
-        self._flush_client_batch(end=True)
+        self._flush_upstream_batch()
+        self._flush_client_batch()
         close_bounded(self.client, self.loop)
         if self.upstream is not None:
             close_bounded(self.upstream, self.loop)
@@ -302,12 +302,14 @@ class Pipeline(ConnectionFlow):
                     return
                 self._take_request(frame)
         finally:
-            self._flush_upstream_batch(end=True)
+            self._flush_upstream_batch()
 
     def _take_request(self, frame: Any) -> None:
         kind = type(frame)
         if kind is Piece:
-            self._flush_upstream_batch()  # a streamed frame is written as it comes
+            # A streamed frame is written as it comes: what was collected goes first, and the
+            # batch ends (a Piece comes alone, a FrameHead last, in a read's frames).
+            self._flush_upstream_batch()
             self.streams.request_piece(frame)
         elif kind is FrameHead:
             self._flush_upstream_batch()
@@ -317,23 +319,16 @@ class Pipeline(ConnectionFlow):
         else:
             self._request(frame)
 
-    def _flush_upstream_batch(self, end: bool = False) -> None:
-        """Write the frames collected for the upstream (before anything written directly);
-        with ``end``, stop collecting."""
-        batch = self._upstream_batch
-        if batch is None:
-            return
-        self._upstream_batch = None if end else []
+    def _flush_upstream_batch(self) -> None:
+        """Write the frames collected for the upstream and stop collecting (before anything is
+        written directly, and at the end of the read)."""
+        batch, self._upstream_batch = self._upstream_batch, None
         if batch and self.upstream is not None:
             self.upstream.writelines(batch)
 
-    def _flush_client_batch(self, end: bool = False) -> None:
-        """Write the frames collected for the client (before anything written directly); with
-        ``end``, stop collecting."""
-        batch = self._client_batch
-        if batch is None:
-            return
-        self._client_batch = None if end else []
+    def _flush_client_batch(self) -> None:
+        """Write the frames collected for the client and stop collecting."""
+        batch, self._client_batch = self._client_batch, None
         if batch:
             self.client.writelines(batch)
 
@@ -483,12 +478,12 @@ class Pipeline(ConnectionFlow):
                     return
                 self._take_response(frame)
         finally:
-            self._flush_client_batch(end=True)
+            self._flush_client_batch()
 
     def _take_response(self, frame: Any) -> None:
         kind = type(frame)
         if kind is Piece:
-            self._flush_client_batch()  # a streamed frame is written as it comes
+            self._flush_client_batch()  # as for requests (_take_request)
             self.streams.response_piece(frame)
         elif kind is FrameHead:
             self._flush_client_batch()

@@ -321,7 +321,7 @@ def test_build_inputs_for_private_indexes_and_the_lean_default(dockerfile: Parse
     for run in pip_steps:
         assert "--mount=type=secret,id=pip_ca" in run and "--mount=type=secret,id=pip_conf" in run, run
         assert ". /usr/local/bin/pip_env" in run, run
-    (runtime,) = [run for run in pip_steps if "/opt/kthrottle/bin/pip install \"${wheel}" in run]
+    (runtime,) = [run for run in pip_steps if '/opt/kthrottle/bin/pip install "${wheel}' in run]
     assert "${KTHROTTLE_EXTRAS:+[${KTHROTTLE_EXTRAS}]}" in runtime
     assert not any("pip" in run for run in final.args_of("RUN"))  # no pip config reaches the image
     with open(REPO / "pyproject.toml", "rb") as fh:
