@@ -589,6 +589,14 @@ class ProxyConfig(Strict):
     connect_timeout_seconds: float = Field(10.0, gt=0, le=300)
     """Connecting to a broker gives up after this long; also the time a PROXY protocol header has
     to arrive."""
+    upstream_reconnect_backoff_ms: int = Field(50, ge=1, le=60_000)
+    """After a connect to a broker address fails, the next one to it waits this long, doubled on
+    each failure up to upstream_reconnect_backoff_max_ms (with 20% jitter), as Kafka's clients'
+    reconnect.backoff.ms: a client whose broker is down is held that long, then closed, instead
+    of every reconnect of every client hitting the dead broker at once. A success resets it."""
+    upstream_reconnect_backoff_max_ms: int = Field(1000, ge=1, le=300_000)
+    """The longest wait between connects to a broker address that keeps failing (Kafka's
+    reconnect.backoff.max.ms); at least upstream_reconnect_backoff_ms."""
     client_frame_timeout_seconds: float | None = Field(60.0, gt=0, le=3600)
     """A request frame still incomplete this long after its first byte closes the connection (a
     slowloris). Real clients write a frame at once, and their own request.timeout.ms (30 s by
@@ -666,6 +674,10 @@ class ProxyConfig(Strict):
 
     @model_validator(mode="after")
     def _mode_section(self) -> ProxyConfig:
+        if self.upstream_reconnect_backoff_max_ms < self.upstream_reconnect_backoff_ms:
+            raise ValueError(
+                "upstream_reconnect_backoff_max_ms must be at least upstream_reconnect_backoff_ms"
+            )
         if self.mode == "gateway" and self.gateway is None:
             raise ValueError("mode gateway needs a 'gateway' section with upstream_bootstrap")
         if self.mode == "sidecar" and self.sidecar is None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from proxy.config import ProxyConfig, upstream_addresses
+from proxy.net.upstream_backoff import UpstreamBackoff
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +24,13 @@ class BrokerDirectory:
         self.real: dict[int, tuple[str, int]] = {}
         self.on_new_node = on_new_node
         self.bootstrap = upstream_addresses(cfg)
+        # Per broker address, shared by every client connection (a reload keeps it: the
+        # brokers' state does not change with the file).
+        self.backoff = UpstreamBackoff(
+            cfg.upstream_reconnect_backoff_ms / 1000,
+            cfg.upstream_reconnect_backoff_max_ms / 1000,
+            time.monotonic,
+        )
 
     def discovery_addresses(self, last_answered: tuple[str, int] | None = None) -> list[tuple[str, int]]:
         """Where to ask for the cluster's brokers: the one that answered last, the configured

@@ -145,8 +145,15 @@ class Pipeline(ConnectionFlow):
             self.close(f"no known address for broker node {self.node_id}")
             return
         last: BaseException | None = None
-        for host, port in targets:
+        backoff = server.brokers.backoff
+        for host, port in backoff.order(targets):
+            wait = backoff.delay((host, port))
+            if wait > 0:
+                # The broker failed its last connects: held (not read) as a slow connect would
+                # hold it, so a client's reconnect loop keeps a backoff through the proxy too.
+                await asyncio.sleep(wait)
             tls = server.upstream_ssl()
+            started = backoff.clock()
             try:
                 transport, _ = await asyncio.wait_for(
                     self.loop.create_connection(
@@ -161,8 +168,23 @@ class Pipeline(ConnectionFlow):
             except (TimeoutError, OSError) as exc:
                 last = exc
                 self.metrics.upstream_errors.labels("connect").inc()
-                log.warning("conn %d: upstream %s:%d unreachable: %r", self.id, host, port, exc)
+                failed = backoff.failed((host, port), started)
+                if failed is not None:  # the first of an outage, then one line per 10 s
+                    log.warning(
+                        "upstream %s:%d unreachable (%d failed connects since the last such line, "
+                        "retrying with backoff up to %g s): %r",
+                        host,
+                        port,
+                        failed,
+                        backoff.ceiling,
+                        exc,
+                    )
                 continue
+            back = backoff.succeeded((host, port))
+            if back is not None:
+                log.info(
+                    "upstream %s:%d reachable again after %d failed connects over %.1f s", host, port, *back
+                )
             if self.closed:
                 transport.close()
                 return
@@ -177,7 +199,8 @@ class Pipeline(ConnectionFlow):
             if not self.closed:
                 self.resume_client("connecting")
             return
-        self.close(f"no upstream broker reachable (last error {last!r})")
+        # The upstream's own line says why (at most one per 10 s); one per client would flood.
+        self.close(f"no upstream broker reachable (last error {last!r})", level=logging.INFO)
 
     @property
     def listener_name(self) -> str:

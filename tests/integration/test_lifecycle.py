@@ -80,6 +80,56 @@ def test_upstream_down_closes_client_never_hangs(tmp_path: Path) -> None:
         assert proxy.metric("kthrottle_upstream_errors_total", {"kind": "connect"}) >= 1
 
 
+@pytest.mark.timeout(120)
+def test_clients_reconnecting_to_a_dead_broker_are_held_with_backoff(tmp_path: Path) -> None:
+    """Clients that reconnect at once whenever the proxy closes them (as one that resets its
+    backoff on a successful connect does): each is still closed, never left hanging, but the
+    proxy connects to the dead broker about once per backoff step, not once per client
+    connection, and says so in one log line, not one per connect."""
+    dead = f"127.0.0.1:{free_port()}"
+    cfg = {
+        "mode": "gateway",
+        "gateway": {
+            "bootstrap_port": free_port(),
+            "broker_port_base": None,
+            "broker_ports": {1: free_port()},
+            "upstream_bootstrap": [dead],
+        },
+        "admin": {"port": free_port()},
+        "connect_timeout_seconds": 2,
+    }
+    with ProxyProcess(cfg, workdir=tmp_path) as proxy:
+        closed: list[float] = []
+        hung: list[str] = []
+        end = time.monotonic() + 4
+
+        def reconnect_loop() -> None:
+            while time.monotonic() < end:
+                with socket.create_connection(("127.0.0.1", proxy.ports["bootstrap"]), timeout=10) as sock:
+                    sock.sendall(_api_versions_request())
+                    started = time.monotonic()
+                    try:
+                        if sock.recv(100) == b"":
+                            closed.append(time.monotonic() - started)
+                    except OSError as exc:
+                        hung.append(repr(exc))
+                        return
+
+        threads = [threading.Thread(target=reconnect_loop) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        connects = proxy.metric("kthrottle_upstream_errors_total", {"kind": "connect"})
+        log = proxy.log_text()
+    assert not hung
+    assert len(closed) >= 12 and max(closed) < 2.5  # each closed after at most the ceiling
+    # 4 s of four clients: a few rounds of the doubling wait (50 ms .. 1 s), four connects each.
+    # Without the backoff each refused connect is immediate: thousands in 4 s.
+    assert 4 <= connects <= 60, connects
+    assert log.count(f"upstream {dead} unreachable") == 1, log[-3000:]
+
+
 @pytest.mark.timeout(180)
 def test_upstream_drop_closes_client(tmp_path: Path) -> None:
     with (
