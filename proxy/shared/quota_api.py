@@ -134,6 +134,10 @@ def describe_response(found: list[tuple[ops.Entity, dict[str, float]]] | ApiErro
     }
 
 
+# What became of each record read from the store (kthrottle_quota_store_records_total{outcome}).
+STORE_OUTCOMES = ("applied", "cleared", "unchanged", "unreadable", "no_key")
+
+
 class QuotaApiMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.alterations = Counter(
@@ -148,6 +152,19 @@ class QuotaApiMetrics:
             ["source"],
             registry=registry,
         )
+        records = Counter(
+            "kthrottle_quota_store_records",
+            "Records read from the client-quota store (quota_api.topic), by outcome: applied (a value "
+            "or a removal put into the overlay), cleared (a tombstone: the key follows the config "
+            "file again), unchanged (already in force: this instance's own alteration read back, or "
+            "the topic read again after a reconnect), unreadable (a key or value that does not "
+            "decode, or a value Kafka would refuse) and no_key (a record without a key); the last "
+            "two are skipped and logged",
+            ["outcome"],
+            registry=registry,
+        )
+        # Every outcome resolved now, so a scrape shows each at 0 before its first record.
+        self.store_records = {outcome: records.labels(outcome) for outcome in STORE_OUTCOMES}
 
 
 async def _resolves(name: str, timeout: float = 2.0) -> bool:
@@ -225,21 +242,35 @@ class QuotaApiService:
         self.enforcer.reconfigure(self.effective())
 
     def _on_record(self, key: bytes | None, value: bytes | None) -> None:
+        """Apply one record of the store to the overlay; every record is counted by its outcome
+        (``STORE_OUTCOMES``) and one skipped is logged."""
+        outcome = self._apply_record(key, value)
+        self.metrics.store_records[outcome].inc()
+
+    def _apply_record(self, key: bytes | None, value: bytes | None) -> str:
         if key is None:
-            return
+            # The exchange hands over key and value only: the topic is named, not the offset.
+            log.warning(
+                "quota API: a record of %s without a key skipped (value %s)",
+                self.cfg.quota_api.topic,
+                "null" if value is None else f"{value[:100]!r}{'...' if len(value) > 100 else ''}",
+            )
+            return "no_key"
         try:
             entity, quota_key = ops.decode_key(key)
             present, number = ops.decode_value(entity, quota_key, value)
         except ops.RecordError as exc:
             log.warning("quota API: record %r skipped: %s", key, exc)
-            return
+            return "unreadable"
         values = self.overlay.get(entity, {})
         if present:
             if quota_key in values and values[quota_key] == number:
-                return  # this instance's own alteration, applied when it was made
+                # This instance's own alteration, applied when it was made, or a record read
+                # again (a reconnect reads the topic from its start).
+                return "unchanged"
             self.overlay.setdefault(entity, {})[quota_key] = number
         elif values.pop(quota_key, _ABSENT) is _ABSENT:
-            return
+            return "unchanged"  # a tombstone for a key the overlay does not hold
         elif not values:
             self.overlay.pop(entity, None)
         shown = number if present else "as in the config file"
@@ -250,6 +281,7 @@ class QuotaApiService:
             "removed" if present and number is None else shown,
         )
         self._enforce()
+        return "applied" if present else "cleared"
 
     # --- describe ----------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ CLI's exit codes."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from proxy.cli import main
 from proxy.config import AdminConfig, parse_config
 from proxy.reload import apply
 from proxy.server import ProxyServer
-from proxy.shared.quota_api import QuotaAlterBoth, QuotaApiService, alterations_of
+from proxy.shared.quota_api import STORE_OUTCOMES, QuotaAlterBoth, QuotaApiService, alterations_of
 from quota import client_quota_ops as ops
 
 GATEWAY = """
@@ -142,6 +143,75 @@ async def test_records_from_other_instances_apply_and_tombstones_hand_back_to_th
     service._on_record(b"garbage", b"{}")  # skipped, logged
     service._on_record(key, None)
     assert server.enforcer.cfg.users["alice"].producer_byte_rate == 1000
+
+
+def _store_records(server: ProxyServer) -> dict[str, float | None]:
+    return {
+        outcome: server.metrics.registry.get_sample_value(
+            "kthrottle_quota_store_records_total", {"outcome": outcome}
+        )
+        for outcome in STORE_OUTCOMES
+    }
+
+
+async def test_store_records_are_counted_and_bad_ones_change_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every record read from the store is counted by its outcome; a skipped one is logged too."""
+    server = _server()
+    service = server.quota_api
+    assert service is not None
+    assert _store_records(server) == dict.fromkeys(STORE_OUTCOMES, 0.0)  # each series from the start
+    key = ops.encode_key((("user", "alice"),), "producer_byte_rate")
+    with caplog.at_level(logging.WARNING, logger="proxy.shared.quota_api"):
+        service._on_record(b'[[["user","alice"]],"no_such_key"]', b"2048")  # a key that is no quota
+        service._on_record(key, b"not json")
+        service._on_record(key, b"0")  # a value Kafka would refuse (must be greater than 0)
+        service._on_record(None, b"2048")
+    assert service.overlay == {}
+    assert server.enforcer.cfg.users["alice"].producer_byte_rate == 1000
+    assert _store_records(server) == {
+        "applied": 0.0,
+        "cleared": 0.0,
+        "unchanged": 0.0,
+        "unreadable": 3.0,
+        "no_key": 1.0,
+    }
+    skipped = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(skipped) == 4
+    assert skipped[-1] == "quota API: a record of t without a key skipped (value b'2048')"
+    assert all(" skipped" in line for line in skipped)
+
+    service._on_record(key, b"4096")  # a good record from another instance
+    service._on_record(key, b"4096")  # read again (a reconnect reads the topic from its start)
+    assert service.overlay == {(("user", "alice"),): {"producer_byte_rate": 4096.0}}
+    assert server.enforcer.cfg.users["alice"].producer_byte_rate == 4096
+    service._on_record(key, None)  # a tombstone: back to the file
+    service._on_record(key, None)  # nothing left to clear
+    assert service.overlay == {}
+    assert server.enforcer.cfg.users["alice"].producer_byte_rate == 1000
+    assert _store_records(server) == {
+        "applied": 1.0,
+        "cleared": 1.0,
+        "unchanged": 2.0,
+        "unreadable": 3.0,
+        "no_key": 1.0,
+    }
+
+
+async def test_keyless_record_log_names_a_long_value_in_part(caplog: pytest.LogCaptureFixture) -> None:
+    server = _server()
+    service = server.quota_api
+    assert service is not None
+    with caplog.at_level(logging.WARNING, logger="proxy.shared.quota_api"):
+        service._on_record(None, b"x" * 5000)
+        service._on_record(None, None)
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert lines == [
+        f"quota API: a record of t without a key skipped (value b'{'x' * 100}'...)",
+        "quota API: a record of t without a key skipped (value null)",
+    ]
+    assert _store_records(server)["no_key"] == 2.0
 
 
 async def test_mode_both_merges_the_brokers_answer() -> None:
