@@ -319,6 +319,7 @@ class Pipeline(ConnectionFlow):
             self._take_request(frames[0])
             return
         self._upstream_batch = []
+        self._client_batch = []  # the answers the proxy makes itself to these, in one write too
         try:
             for frame in frames:
                 if self.closed:
@@ -326,6 +327,7 @@ class Pipeline(ConnectionFlow):
                 self._take_request(frame)
         finally:
             self._flush_upstream_batch()
+            self._flush_client_batch()
 
     def _take_request(self, frame: Any) -> None:
         kind = type(frame)

@@ -73,3 +73,32 @@ def test_pipelined_requests_and_their_answers_go_out_in_one_write_each_way() -> 
         expected = b"".join(struct.pack(">ii", 18, c) + _heartbeat(c)[4:] for c in range(1, 11))
         assert got == expected  # every answer, in order
         assert (upstream.writes, to_client.writes) == (1, 1)
+
+
+def _unsupported_api_versions(correlation_id: int) -> bytes:
+    payload = struct.pack(">hhih", 18, 99, correlation_id, 2) + b"av\x00"  # v99: the proxy answers
+    return struct.pack(">i", len(payload)) + payload
+
+
+def test_answers_the_proxy_makes_itself_to_pipelined_requests_go_out_in_one_write() -> None:
+    with (
+        proxy_in_front_of(answer_each_read_at_once) as (loop, port, server),
+        socket.create_connection(("127.0.0.1", port), timeout=10) as client,
+    ):
+        client.sendall(_heartbeat(0))
+        recv_exactly(client, 4 + 4 + 14)  # the upstream connection is up
+        (pipeline,) = server.pipelines
+
+        async def wrap() -> tuple[CountingTransport, CountingTransport]:
+            up, down = CountingTransport(pipeline.upstream), CountingTransport(pipeline.client)
+            pipeline.upstream, pipeline.client = up, down  # type: ignore[assignment]
+            return up, down
+
+        upstream, to_client = asyncio.run_coroutine_threadsafe(wrap(), loop).result(5)
+        client.sendall(b"".join(_unsupported_api_versions(c) for c in range(1, 11)))
+        decoder, answers = FrameDecoder(), []
+        while len(answers) < 10:
+            answers += decoder.feed(client.recv(65536))
+        # Each in order, UNSUPPORTED_VERSION (35), none sent upstream.
+        assert [struct.unpack_from(">ih", a, 0) for a in answers] == [(c, 35) for c in range(1, 11)]
+        assert (upstream.writes, to_client.writes) == (0, 1)
