@@ -26,8 +26,9 @@ class RateLimitedLog:
         self.clock = clock
         self._windows: dict[str, tuple[float, int, int]] = {}  # kind -> (start, logged, suppressed)
 
-    def log(self, level: int, kind: str, msg: str, *args: object) -> bool:
-        """Log ``msg`` unless ``kind`` used up its lines for this interval; True if logged."""
+    def log(self, level: int, kind: str, msg: str, *args: object, exc_info: bool = False) -> bool:
+        """Log ``msg`` unless ``kind`` used up its lines for this interval; True if logged.
+        ``exc_info``: with the traceback of the exception being handled, as ``logger.exception``."""
         if not self.logger.isEnabledFor(level):
             return False
         now = self.clock()
@@ -40,7 +41,7 @@ class RateLimitedLog:
         if suppressed:
             msg += " (%d similar lines suppressed)"
             args = (*args, suppressed)
-        self.logger.log(level, msg, *args)
+        self.logger.log(level, msg, *args, exc_info=exc_info)
         self._windows[kind] = (start, logged + 1, 0)
         return True
 

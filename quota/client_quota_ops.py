@@ -466,7 +466,7 @@ def decode_key(data: bytes) -> tuple[Entity, str]:
     try:
         pairs, key = json.loads(data)
         entity = {str(t): (None if n is None else str(n)) for t, n in pairs}
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:
         raise RecordError(f"not an entity and key: {exc}") from exc
     keys = keys_for(entity, lambda _ip: True) if not _validate_entity(entity).failed else None
     if keys is None or isinstance(keys, ApiError):
@@ -483,15 +483,19 @@ def decode_value(entity: Entity, key: str, data: bytes | None) -> tuple[bool, fl
         return False, None
     try:
         value = json.loads(data)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise RecordError(f"not JSON: {exc}") from exc
     if value is None:
         return True, None
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise RecordError(f"{key}: {value!r} is not a number")
+    try:
+        number = float(value)
+    except OverflowError as exc:  # an integer past a float's range
+        raise RecordError(f"{key}: an integer past a float's range") from exc
     keys = keys_for(dict(entity), lambda _ip: True)
     assert not isinstance(keys, ApiError)  # decode_key checked the entity
-    error = validate_value(keys, key, float(value))
+    error = validate_value(keys, key, number)
     if error.failed:
         raise RecordError(error.message or key)
-    return True, float(value)
+    return True, number

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 import sys
 import zlib
 from array import array
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, filterfalse
 
 # Kinds of usage entry: (first, second) name the entity or the partition.
 PRODUCE = "p"  # (user, client-id) bucket, produced bytes
@@ -36,6 +37,9 @@ PRODUCER_ID = "i"  # (user, producer id): a producer id new to this replica (KIP
 BLOCKED = 1  # held back by the shared bucket: they want more than they get
 CAPPED = 2  # held at the sender's fair part of the quota (quota/manager.py ``_fair_ms``)
 KINDS = frozenset({PRODUCE, FETCH, PRODUCE_PARTITION, FETCH_PARTITION, PRODUCER_ID})
+# Kinds whose second name is a number (a partition, a producer id), as ``str(int)`` writes it.
+NUMBERED = frozenset({PRODUCE_PARTITION, FETCH_PARTITION, PRODUCER_ID})
+_NUMBER = re.compile(r"-?[0-9]{1,20}")
 
 MAGIC = b"KTX"
 USAGE_V2 = 2
@@ -184,7 +188,15 @@ def _little(values: array[int] | array[float]) -> array[int] | array[float]:
 
 
 def decode_record(data: bytes) -> UsageReport | MutationRecord:
-    """A record's value read back: a usage report (version 2, or version 1 JSON) or a mutation."""
+    """A record's value read back: a usage report (version 2, or version 1 JSON) or a mutation;
+    ``ReportError`` on any problem, so a record is applied whole or not at all."""
+    try:
+        return _decode_record(data)
+    except (OverflowError, RecursionError) as exc:  # a number past a float's range, JSON too deep
+        raise ReportError(f"unusable: {exc}") from exc
+
+
+def _decode_record(data: bytes) -> UsageReport | MutationRecord:
     if data[:1] == b"{":
         return _decode_v1(data)
     if len(data) < _HEADER.size:
@@ -269,6 +281,13 @@ def _decode_usage(head: dict[str, object], compressed: bytes) -> UsageReport:
         strings = [blob[a:b] for a, b in zip(starts, ends, strict=True)]
     if len(strings) != 2 * n:
         raise ReportError("body: names do not add up")
+    if not NUMBERED.isdisjoint(kinds):
+        seconds = strings[n:]
+        if not NUMBERED.issuperset(kinds):
+            seconds = [s for k, s in zip(kinds, seconds, strict=True) if k in NUMBERED]
+        bad = next(filterfalse(_NUMBER.fullmatch, seconds), None)
+        if bad is not None:
+            raise ReportError(f"body: {bad[:40]!r} is not a partition or producer id")
     floats = values.tolist()
     if not math.isfinite(sum(floats)):  # any inf or NaN makes the sum so (or a sum past 1e308)
         raise ReportError("body: a value is not finite")
@@ -298,6 +317,8 @@ def _decode_mutation(head: dict[str, object]) -> MutationRecord:
     for name, value in (("quota", quota), ("burst_seconds", burst)):
         if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
             raise ReportError(f"{name}: must be a positive number")
+        if not math.isfinite(value):
+            raise ReportError(f"{name}: must be finite")
     assert isinstance(quota, int | float) and isinstance(burst, int | float)
     refund = _integer(head, "refund")
     return MutationRecord(

@@ -106,7 +106,11 @@ class LimitDefinition:
         level = self.level
         if not isinstance(level, int | float) or isinstance(level, bool):
             _fail(LIMIT_LEVEL, f"must be a number, got {_show(level)}")
-        if not math.isfinite(level) or level < 0:
+        try:
+            finite = math.isfinite(level)
+        except OverflowError:  # an integer past any float's range
+            _fail(LIMIT_LEVEL, "must be a finite number >= 0, got an integer past a float's range")
+        if not finite or level < 0:
             _fail(LIMIT_LEVEL, f"must be a finite number >= 0, got {level}")
         if self.type is LimitType.MIN_FREE_PERCENTAGE and level > 100:
             _fail(LIMIT_LEVEL, f"a {self.type.value} level is a percentage (0 to 100), got {level}")

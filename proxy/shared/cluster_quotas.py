@@ -50,6 +50,9 @@ skip_log = RateLimitedLog(log)
 PROBE_TIMEOUT_SECONDS = 1.0
 MAX_REPORTS_IN_FLIGHT = 16
 MAX_REPORT_BYTES = 16 * 1024 * 1024
+# kthrottle_cluster_quota_reports_total{direction}: published, unsent (this replica's reports), and
+# what became of each record read from the topic, every one counted under one of the others.
+REPORT_DIRECTIONS = ("published", "unsent", "applied", "skipped", "own", "mutation", "unreadable")
 
 
 class ClusterQuotaMetrics:
@@ -86,13 +89,18 @@ class ClusterQuotaMetrics:
             "Buckets and partitions in this replica's latest full report",
             registry=registry,
         )
-        self.reports = Counter(
+        reports = Counter(
             "kthrottle_cluster_quota_reports",
-            "Usage reports, by direction (published, applied: another replica's usage added here, "
-            "skipped: read but not added, unreadable)",
+            "Usage reports, by direction: published; unsent (the exchange not connected, or too "
+            "many in flight); and every record read: applied (another replica's usage added here), "
+            "skipped (read but not added: history, a report read again, a replica in fallback), "
+            "own (this replica's own report read back), mutation (a mutation record replayed), "
+            "unreadable (a record that does not decode, or without a value: skipped and logged)",
             ["direction"],
             registry=registry,
         )
+        # Every direction resolved now, so a scrape shows each at 0 before its first report.
+        self.reports = {direction: reports.labels(direction) for direction in REPORT_DIRECTIONS}
         self.probes = Counter(
             "kthrottle_cluster_quota_probes",
             "Liveness probes of silent replicas, by outcome",
@@ -247,29 +255,34 @@ class ClusterQuotaService:
             self.membership.disconnected()
 
     def _on_record(self, key: bytes | None, value: bytes | None, timestamp_ms: int) -> None:
-        if value is None:
-            return
+        """Take one record of the topic; every record is counted under its direction
+        (``REPORT_DIRECTIONS``), and one skipped as unreadable is logged."""
+        direction = self._read_record(key, value, timestamp_ms)
+        self.metrics.reports[direction].inc()
+
+    def _read_record(self, key: bytes | None, value: bytes | None, timestamp_ms: int) -> str:
+        if value is None:  # the replicas never write one: the topic is not compacted
+            skip_log.log(logging.WARNING, "report", "cluster quotas: record %r without a value skipped", key)
+            return "unreadable"
         try:
             record = decode_record(value)
         except ReportError as exc:
-            self.metrics.reports.labels("unreadable").inc()
             skip_log.log(logging.WARNING, "report", "cluster quotas: record %r skipped: %s", key, exc)
-            return
+            return "unreadable"
         if isinstance(record, MutationRecord):
             decided = self.enforcer.mutation_log.apply(record, float(timestamp_ms))
             waiting = self._waiting.pop(record.request, None) if record.instance == self.instance else None
             if waiting is not None and not waiting.done():
                 waiting.set_result(decided)
-            return
+            return "mutation"
         now = self.now_ms()
         factor = self.membership.accept(record, now, self.wall_clock() * 1000.0)
         if record.instance == self.instance:
-            return  # its usage went into the buckets when it was reported (and it came back)
+            return "own"  # its usage went into the buckets when it was reported (and it came back)
         if factor is None:
-            self.metrics.reports.labels("skipped").inc()
-            return
-        self.metrics.reports.labels("applied").inc()
+            return "skipped"
         self._apply(record, factor, now)
+        return "applied"
 
     def _apply(self, report: UsageReport, factor: float, now: float) -> None:
         """Add another replica's usage into this one's buckets."""
@@ -356,7 +369,7 @@ class ClusterQuotaService:
         if not self.exchange.connected or len(self._sending) >= MAX_REPORTS_IN_FLIGHT:
             # Its usage is lost to the others: this replica's own reports stop coming back, and
             # after the staleness it holds its part alone.
-            self.metrics.reports.labels("unsent").inc()
+            self.metrics.reports["unsent"].inc()
             return
         # Registered before it is sent: it may be read back before the acknowledgement comes.
         self.membership.published(report.seq, self.now_ms())
@@ -368,7 +381,7 @@ class ClusterQuotaService:
 
     async def _send(self, data: bytes) -> None:
         if await self.exchange.publish(self.instance.encode(), data):
-            self.metrics.reports.labels("published").inc()
+            self.metrics.reports["published"].inc()
 
     def _refresh_mode(self) -> ClusterMode:
         now = self.now_ms()

@@ -8,6 +8,9 @@ traffic is never throttled by the quotas it serves.
 
 ``CompactedTopic`` creates the topic when missing (``cleanup.policy=compact``), reconnects with
 backoff when the cluster is unreachable, and reports its connection and publish errors as metrics.
+Every record read is counted by what became of it: ``handled`` by the topic's reader, whose own
+metrics say what it made of it, or ``failed``: the reader raised, and the record is skipped and
+logged (rate-limited, with the traceback) without stopping the exchange.
 """
 
 from __future__ import annotations
@@ -29,9 +32,13 @@ from proxy.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 publish_log = RateLimitedLog(log)
+record_log = RateLimitedLog(log)
 
 OnRecord = Callable[[bytes | None, bytes | None], None]
 OnTimedRecord = Callable[[bytes | None, bytes | None, int], None]  # and its timestamp (ms)
+
+# What became of each record read (kthrottle_exchange_records_total{topic,outcome}).
+RECORD_OUTCOMES = ("handled", "failed")
 
 
 @dataclass(frozen=True)
@@ -91,8 +98,10 @@ class ExchangeMetrics:
         )
         self.records = Counter(
             "kthrottle_exchange_records",
-            "Records read from the state-exchange topic",
-            ["topic"],
+            "Records read from the state-exchange topic, by outcome: handled (by the topic's "
+            "reader, whose own metrics say what it made of it) or failed (the reader raised: "
+            "skipped and logged)",
+            ["topic", "outcome"],
             registry=registry,
         )
 
@@ -151,7 +160,8 @@ class CompactedTopic:
         }
         self._connected = metrics.connected.labels(topic)
         self._publish_errors = metrics.publish_errors.labels(topic)
-        self._records = metrics.records.labels(topic)
+        # Every outcome resolved now, so a scrape shows each at 0 before its first record.
+        self._records = {outcome: metrics.records.labels(topic, outcome) for outcome in RECORD_OUTCOMES}
         self._producer: Any = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -281,16 +291,7 @@ class CompactedTopic:
             batches = await consumer.getmany(timeout_ms=500, max_records=1000)
             for tp, records in batches.items():
                 for record in records:
-                    self._records.inc()
-                    try:
-                        if self.on_timed_record is not None:
-                            self.on_timed_record(record.key, record.value, record.timestamp)
-                        else:
-                            self.on_record(record.key, record.value)
-                    except Exception:  # a bad record must not stop the exchange
-                        log.exception(
-                            "exchange %s: record at offset %d not applied", self.topic, record.offset
-                        )
+                    self._deliver(record)
                 if tp in pending and records and records[-1].offset + 1 >= ends[tp]:
                     pending.discard(tp)
             if pending:
@@ -302,6 +303,27 @@ class CompactedTopic:
                 self.caught_up.set()
                 if self.on_state is not None:
                     self.on_state(True)
+
+    def _deliver(self, record: Any) -> None:
+        """Hand one record to the reader; counted by its outcome (``RECORD_OUTCOMES``)."""
+        try:
+            if self.on_timed_record is not None:
+                self.on_timed_record(record.key, record.value, record.timestamp)
+            else:
+                self.on_record(record.key, record.value)
+        except Exception:  # a bad record must not stop the exchange
+            self._records["failed"].inc()
+            record_log.log(
+                logging.ERROR,
+                self.topic,
+                "exchange %s: record at partition %d offset %d skipped: its reader failed",
+                self.topic,
+                record.partition,
+                record.offset,
+                exc_info=True,
+            )
+            return
+        self._records["handled"].inc()
 
     async def _ensure_topic(self) -> None:
         from aiokafka.admin import AIOKafkaAdminClient, NewTopic

@@ -8,7 +8,8 @@ The policy is quota/volume.py (sans-IO); this module does the I/O around it:
   message keyed by broker id to the compacted topic (proxy/shared/exchange.py);
 - consumer: every proxy reads the topic from its start and follows it; the live brokers come from
   Metadata every interval; the verdict (OPEN, THROTTLE with a delay, PAUSE) is re-evaluated on
-  every record and every half second, logged when it changes and exported as metrics;
+  every record and every half second, logged when it changes and exported as metrics; every
+  record is counted by its outcome (``RECORD_OUTCOMES``), and a bad one is logged (rate-limited);
 - parking: in PAUSE a produce request is held (never forwarded) until the state leaves PAUSE,
   within ``max_parked_bytes`` in all and ``max_park_ms`` each; past either it is answered with a
   retriable error, so a client retries and nothing is lost or written twice.
@@ -26,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from proxy.config import ProxyConfig, upstream_addresses
 from proxy.net.upstream_client import UpstreamLogin, fetch_brokers
+from proxy.ratelog import RateLimitedLog
 from proxy.shared.exchange import CompactedTopic, ExchangeSettings, exchange_metrics
 from proxy.shared.volume_usage import Usage, describe_log_dirs_usage, statvfs_usage
 from quota.volume import VolumeQuotas, VolumeState, VolumeVerdict
@@ -33,6 +35,10 @@ from quota.volume_config import VolumeConfig
 from quota.volume_message import VolumeMessageError, decode, decode_key, encode_key
 
 log = logging.getLogger(__name__)
+skip_log = RateLimitedLog(log)
+
+# What became of each record read from the topic (kthrottle_volume_records_total{outcome}).
+RECORD_OUTCOMES = ("applied", "cleared", "invalid", "unreadable", "no_key")
 
 _STATE_VALUE = {VolumeState.OPEN: 0, VolumeState.THROTTLE: 1, VolumeState.PAUSE: 2}
 _TICK_SECONDS = 0.5
@@ -79,6 +85,18 @@ class VolumeMetrics:
             ["outcome"],
             registry=r,
         )
+        records = Counter(
+            "kthrottle_volume_records",
+            "Records read from the volume usage topic, by outcome: applied (a broker's usage "
+            "snapshot held), cleared (a tombstone: the broker's snapshot forgotten), invalid (a "
+            "value that is not a usage message: that broker's state is unknown until a good one), "
+            "unreadable (a key that is not a broker id) and no_key (a record without a key); the "
+            "last three are logged, the last two skipped",
+            ["outcome"],
+            registry=r,
+        )
+        # Every outcome resolved now, so a scrape shows each at 0 before its first record.
+        self.records = {outcome: records.labels(outcome) for outcome in RECORD_OUTCOMES}
 
 
 class VolumeService:
@@ -178,21 +196,55 @@ class VolumeService:
     # --- consuming -------------------------------------------------------------------------------
 
     def _on_record(self, key: bytes | None, value: bytes | None) -> None:
+        """Take one record of the topic; every record is counted by its outcome
+        (``RECORD_OUTCOMES``), and a bad one is logged."""
+        outcome = self._apply_record(key, value)
+        self.metrics.records[outcome].inc()
+
+    def _apply_record(self, key: bytes | None, value: bytes | None) -> str:
+        if key is None:
+            # The exchange hands over key and value only: the topic is named, not the offset.
+            skip_log.log(
+                logging.WARNING,
+                "no_key",
+                "volume topic %s: a record without a key skipped (value %s)",
+                self.vcfg.topic,
+                _shown(value),
+            )
+            return "no_key"
         try:
             broker_id = decode_key(key)
         except VolumeMessageError as exc:
-            log.warning("volume topic: record with a bad key skipped: %s", exc)
-            return
+            skip_log.log(
+                logging.WARNING,
+                "unreadable",
+                "volume topic %s: record with a bad key skipped: %s",
+                self.vcfg.topic,
+                exc,
+            )
+            return "unreadable"
         now = self.now_ms()
         if value is None:
             self.quotas.forget(broker_id)
+            outcome = "cleared"
         else:
             try:
                 self.quotas.update(broker_id, decode(value), now)
+                outcome = "applied"
             except VolumeMessageError as exc:
-                log.warning("volume topic: broker %d's record is not a usage message: %s", broker_id, exc)
+                # Not skipped: it superseded the broker's last snapshot on the compacted topic.
+                skip_log.log(
+                    logging.WARNING,
+                    "invalid",
+                    "volume topic: broker %d's record is not a usage message: %s; its state is "
+                    "unknown until a good one",
+                    broker_id,
+                    exc,
+                )
                 self.quotas.reject(broker_id, str(exc), now)
+                outcome = "invalid"
         self._refresh()
+        return outcome
 
     def _refresh(self) -> None:
         """Re-evaluate: metrics, a log line when the state changes, wake parked requests."""
@@ -283,3 +335,10 @@ class VolumeService:
             snapshot = policy.snapshot(usage, int(self.now_ms()))
             if await self.exchange.publish(encode_key(broker_id), snapshot.encode()):
                 self.metrics.publications.labels(str(broker_id)).inc()
+
+
+def _shown(value: bytes | None) -> str:
+    """A record value for a log line: its first 100 bytes."""
+    if value is None:
+        return "null"
+    return f"{value[:100]!r}{'...' if len(value) > 100 else ''}"

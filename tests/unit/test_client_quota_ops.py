@@ -294,6 +294,10 @@ def test_records_round_trip() -> None:
         (b'[[["user","a"]],"producer_byte_rate"]', b'"fast"'),
         (b'[[["user","a"]],"producer_byte_rate"]', b"[1]"),
         (b'[["user","a"]]', b"1"),
+        # Refused as unreadable rather than raising something the store does not expect.
+        (b"[" * 100_000, b"1"),  # nested past the recursion limit
+        (b'[[["user","a"]],"producer_byte_rate"]', b"[" * 100_000),
+        (b'[[["user","a"]],"producer_byte_rate"]', b"1" + b"0" * 400),  # past a float's range
     ],
 )
 def test_bad_records_are_refused(key: bytes, value: bytes) -> None:

@@ -3,14 +3,24 @@ of every replica; time, the topic and the clients are simulated)."""
 
 from __future__ import annotations
 
+import logging
 import random
+import time
+from typing import Any
 
 import pytest
 
 from dev.cluster_sim import Simulation
+from proxy.config import parse_config
+from proxy.ratelog import RateLimitedLog
+from proxy.server import ProxyServer
+from proxy.shared import cluster_quotas
+from proxy.shared.cluster_quotas import REPORT_DIRECTIONS, ClusterQuotaService
 from quota.cluster import ClusterMembership, ClusterMode, ProbeOutcome
 from quota.cluster_report import (
+    FETCH_PARTITION,
     PRODUCE,
+    PRODUCE_PARTITION,
     PRODUCER_ID,
     MutationRecord,
     ReportError,
@@ -287,6 +297,49 @@ def test_unreadable_records_say_why(data: bytes, why: str) -> None:
         decode_record(data)
 
 
+def _numbered(kind: str, second: str) -> bytes:
+    r = UsageReport("a", 1, 1.0)
+    r.add(PRODUCE, "", "c", 1.0)
+    r.add(kind, "t", second, 1.0)
+    return r.encode()
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        # Read whole or not at all: these once passed the decoder and failed half-applied.
+        (_numbered(PRODUCE_PARTITION, "x"), r"body: 'x' is not a partition or producer id"),
+        (_numbered(FETCH_PARTITION, "1.5"), r"body: '1.5' is not a partition or producer id"),
+        (_numbered(PRODUCER_ID, ""), r"body: '' is not a partition or producer id"),
+        (UsageReport("a", 1, 10**400).encode(), "unusable: int too large"),
+        (
+            MutationRecord("a", 1, "u", "c", ("u", ""), (1,), True, float("inf"), 1.0).encode(),
+            "quota: must be finite",
+        ),
+        (
+            MutationRecord("a", 1, "u", "c", ("u", ""), (1,), True, 10**400, 1.0).encode(),
+            "unusable: int too large",
+        ),
+        (
+            b'{"v": 1, "instance": "x", "at_ms": 1, "rates": [["p", "", "", 1' + b"0" * 400 + b"]]}",
+            "unusable",
+        ),
+        (b"KTX\x02\x00\x01\x86\xa0" + b"[" * 100_000, "unusable|unreadable head"),
+    ],
+)
+def test_records_a_reader_could_not_apply_are_refused(data: bytes, why: str) -> None:
+    with pytest.raises(ReportError, match=why):
+        decode_record(data)
+
+
+def test_partitions_and_producer_ids_are_read_as_written() -> None:
+    r = UsageReport("a", 1, 1.0)
+    r.add(PRODUCE_PARTITION, "t", "-1", 2.0)  # a client may name any partition
+    r.add(PRODUCER_ID, "u", str(2**63 - 1), 1.0)
+    back = decode_record(r.encode())
+    assert isinstance(back, UsageReport) and back.entries() == r.entries()
+
+
 def test_a_damaged_report_body_is_refused() -> None:
     r = UsageReport("a", 1, 1.0)
     r.add(PRODUCE, "", "c", 1.0)
@@ -317,3 +370,94 @@ def test_exchange_intervals_that_cannot_work_are_refused_with_the_line(section: 
         parse_config(text, "k.yaml")
     defaults = parse_config(text.replace(section, "{enabled: true}"), "k.yaml").cluster_quotas
     assert (defaults.publish_interval_seconds, defaults.full_interval_seconds) == (2.0, 10.0)
+
+
+# --- the records read from the topic, as the service takes them ----------------------------------
+
+CLUSTER = """
+gateway: {upstream_bootstrap: ["127.0.0.1:9"], broker_port_base: 9100}
+cluster_quotas: {enabled: true, instance: here}
+quotas:
+  clients:
+    spread: {producer_byte_rate: 1000}
+"""
+
+
+def _reports(server: ProxyServer) -> dict[str, float | None]:
+    return {
+        d: server.metrics.registry.get_sample_value("kthrottle_cluster_quota_reports_total", {"direction": d})
+        for d in REPORT_DIRECTIONS
+    }
+
+
+def _cluster_service(monkeypatch: pytest.MonkeyPatch) -> tuple[ProxyServer, ClusterQuotaService, list[Any]]:
+    """The service of one replica whose history was read, and the reports it adds (``_apply``)."""
+    monkeypatch.setattr(cluster_quotas, "skip_log", RateLimitedLog(cluster_quotas.log))
+    server = ProxyServer(parse_config(CLUSTER))
+    service = server.cluster_quotas
+    assert service is not None
+    service.membership.caught_up = True
+    added: list[Any] = []
+    real = service._apply
+    monkeypatch.setattr(service, "_apply", lambda *a: (added.append(a[0]), real(*a)))
+    return server, service, added
+
+
+def test_cluster_records_are_counted_and_bad_ones_change_nothing(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every record read from the exchange topic is counted under its direction; one that cannot
+    be read changes nothing (no replica, no usage, no mutation) and is logged."""
+    server, service, added = _cluster_service(monkeypatch)
+    assert _reports(server) == dict.fromkeys(REPORT_DIRECTIONS, 0.0)  # each series from the start
+    now_ms = time.time() * 1000
+    bad_partition = UsageReport("peer", 1, now_ms)
+    bad_partition.add(PRODUCE, "", "spread", 100.0)
+    bad_partition.add(PRODUCE_PARTITION, "t", "x", 100.0)
+    bad_mutation = MutationRecord("peer", 1, "", "spread", ("", "spread"), (1,), True, float("inf"), 1.0)
+    with caplog.at_level(logging.WARNING, logger="proxy.shared.cluster_quotas"):
+        service._on_record(b"peer", None, 0)
+        service._on_record(b"peer", b"nope", 0)
+        service._on_record(b"peer", bad_partition.encode(), 0)
+        service._on_record(b"m/peer", bad_mutation.encode(), 0)
+        service._on_record(b"peer", UsageReport("peer", 1, 10**400).encode(), 0)
+    assert service.membership.peers == {} and added == []
+    assert server.enforcer.mutation_log.applied == 0
+    assert _reports(server) == {**dict.fromkeys(REPORT_DIRECTIONS, 0.0), "unreadable": 5.0}
+    skipped = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(skipped) == 5 and all(" skipped" in line for line in skipped)
+    assert skipped[0] == "cluster quotas: record b'peer' without a value skipped"
+    assert skipped[2] == "cluster quotas: record b'peer' skipped: body: 'x' is not a partition or producer id"
+
+    good = UsageReport("peer", 1, now_ms, incarnation="p1")
+    good.add(PRODUCE, "", "spread", 100.0)
+    service._on_record(b"peer", good.encode(), 0)  # another replica's usage: added here
+    service._on_record(b"peer", good.encode(), 0)  # read again: added once
+    own = UsageReport("here", 1, now_ms, incarnation=service.incarnation)
+    service._on_record(b"here", own.encode(), 0)  # this replica's own, read back
+    mutation = MutationRecord("peer", 1, "", "spread", ("", "spread"), (1,), True, 5.0, 1.0)
+    service._on_record(b"m/peer", mutation.encode(), 0)
+    assert [r.instance for r in added] == ["peer"]
+    assert list(service.membership.peers) == ["peer"]
+    assert server.enforcer.mutation_log.applied == 1
+    assert _reports(server) == {
+        "published": 0.0,
+        "unsent": 0.0,
+        "applied": 1.0,
+        "skipped": 1.0,
+        "own": 1.0,
+        "mutation": 1.0,
+        "unreadable": 5.0,
+    }
+
+
+def test_a_flood_of_unreadable_cluster_records_is_counted_in_full_and_logged_in_part(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, service, added = _cluster_service(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="proxy.shared.cluster_quotas"):
+        for i in range(500):
+            service._on_record(f"r{i}".encode(), b"KTX\x09junk", 0)
+    assert _reports(server)["unreadable"] == 500.0
+    assert added == [] and service.membership.peers == {}
+    assert len([r for r in caplog.records if "skipped" in r.getMessage()]) == 5  # five per 10 s

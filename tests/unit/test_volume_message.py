@@ -157,6 +157,10 @@ SJ = SAMPLE_JSON
         (M(("HardLimit", "level"), True), "HardLimit.level: must be a number, got true"),
         (M(("HardLimit", "level"), -1), "HardLimit.level: must be a finite number >= 0, got -1"),
         (
+            M(("HardLimit", "level"), 10**400),
+            "HardLimit.level: must be a finite number >= 0, got an integer past a float's range",
+        ),
+        (
             M(("SoftLimit", "level"), 101),
             "SoftLimit.level: a MinFreePercentage level is a percentage (0 to 100), got 101",
         ),
