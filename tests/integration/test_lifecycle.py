@@ -46,10 +46,9 @@ def test_sidecar_mode(kafka_broker: KafkaCluster) -> None:
         assert {port for _h, port in kafka_python_brokers_seen(proxy.bootstrap)} == {proxy.ports["sidecar"]}
 
 
-@pytest.mark.timeout(120)
-def test_upstream_down_closes_client_never_hangs(tmp_path: Path) -> None:
-    dead = f"127.0.0.1:{free_port()}"
-    cfg = {
+def _dead_upstream_config(dead: str) -> dict[str, object]:
+    """A gateway whose one upstream address (``dead``) has nothing listening."""
+    return {
         "mode": "gateway",
         "gateway": {
             "bootstrap_port": free_port(),
@@ -60,6 +59,12 @@ def test_upstream_down_closes_client_never_hangs(tmp_path: Path) -> None:
         "admin": {"port": free_port()},
         "connect_timeout_seconds": 2,
     }
+
+
+@pytest.mark.timeout(120)
+def test_upstream_down_closes_client_never_hangs(tmp_path: Path) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    cfg = _dead_upstream_config(dead)
     with ProxyProcess(cfg, workdir=tmp_path) as proxy:
         status, body = proxy.admin_get("/readyz")
         assert status == 503 and '"upstream_reachable": false' in body
@@ -87,17 +92,7 @@ def test_clients_reconnecting_to_a_dead_broker_are_held_with_backoff(tmp_path: P
     proxy connects to the dead broker about once per backoff step, not once per client
     connection, and says so in one log line, not one per connect."""
     dead = f"127.0.0.1:{free_port()}"
-    cfg = {
-        "mode": "gateway",
-        "gateway": {
-            "bootstrap_port": free_port(),
-            "broker_port_base": None,
-            "broker_ports": {1: free_port()},
-            "upstream_bootstrap": [dead],
-        },
-        "admin": {"port": free_port()},
-        "connect_timeout_seconds": 2,
-    }
+    cfg = _dead_upstream_config(dead)
     with ProxyProcess(cfg, workdir=tmp_path) as proxy:
         closed: list[float] = []
         hung: list[str] = []

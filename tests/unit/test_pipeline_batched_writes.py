@@ -47,6 +47,21 @@ async def answer_each_read_at_once(reader: asyncio.StreamReader, writer: asyncio
     writer.close()
 
 
+def _count_writes(
+    loop: asyncio.AbstractEventLoop, server: Any
+) -> tuple[CountingTransport, CountingTransport]:
+    """The one pipeline's upstream and client transports, wrapped (on the proxy's loop) to
+    count their writes."""
+    (pipeline,) = server.pipelines
+
+    async def wrap() -> tuple[CountingTransport, CountingTransport]:
+        up, down = CountingTransport(pipeline.upstream), CountingTransport(pipeline.client)
+        pipeline.upstream, pipeline.client = up, down
+        return up, down
+
+    return asyncio.run_coroutine_threadsafe(wrap(), loop).result(5)
+
+
 def _heartbeat(correlation_id: int) -> bytes:
     payload = struct.pack(">hhih", 12, 0, correlation_id, 4) + b"beat"  # passed through undecoded
     return struct.pack(">i", len(payload)) + payload
@@ -59,14 +74,7 @@ def test_pipelined_requests_and_their_answers_go_out_in_one_write_each_way() -> 
     ):
         client.sendall(_heartbeat(0))
         recv_exactly(client, 4 + 4 + 14)  # the upstream connection is up
-        (pipeline,) = server.pipelines
-
-        async def wrap() -> tuple[CountingTransport, CountingTransport]:  # on the proxy's loop
-            up, down = CountingTransport(pipeline.upstream), CountingTransport(pipeline.client)
-            pipeline.upstream, pipeline.client = up, down  # type: ignore[assignment]
-            return up, down
-
-        upstream, to_client = asyncio.run_coroutine_threadsafe(wrap(), loop).result(5)
+        upstream, to_client = _count_writes(loop, server)
         wire = b"".join(_heartbeat(c) for c in range(1, 11))
         client.sendall(wire)  # one segment: the proxy reads all ten at once
         got = recv_exactly(client, 10 * (4 + 4 + 14))
@@ -87,14 +95,7 @@ def test_answers_the_proxy_makes_itself_to_pipelined_requests_go_out_in_one_writ
     ):
         client.sendall(_heartbeat(0))
         recv_exactly(client, 4 + 4 + 14)  # the upstream connection is up
-        (pipeline,) = server.pipelines
-
-        async def wrap() -> tuple[CountingTransport, CountingTransport]:
-            up, down = CountingTransport(pipeline.upstream), CountingTransport(pipeline.client)
-            pipeline.upstream, pipeline.client = up, down  # type: ignore[assignment]
-            return up, down
-
-        upstream, to_client = asyncio.run_coroutine_threadsafe(wrap(), loop).result(5)
+        upstream, to_client = _count_writes(loop, server)
         client.sendall(b"".join(_unsupported_api_versions(c) for c in range(1, 11)))
         decoder, answers = FrameDecoder(), []
         while len(answers) < 10:
