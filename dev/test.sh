@@ -44,7 +44,7 @@ echo "== unit tests on pure Python (KTHROTTLE_PURE_PYTHON=1)" >&2
 KTHROTTLE_PURE_PYTHON=1 python -m pytest -p no:cacheprovider -q \
   tests/unit/test_compiled.py tests/unit/test_frame_decoder.py tests/unit/test_frame_deadline.py \
   tests/unit/test_codec_roundtrip.py tests/unit/test_messages.py tests/unit/test_produce_scan.py \
-  tests/unit/test_metadata_brokers.py tests/unit/test_fuzz_regressions.py \
+  tests/unit/test_metadata_brokers.py tests/unit/test_metadata_topics.py tests/unit/test_fuzz_regressions.py \
   tests/unit/test_pipeline_*.py tests/unit/test_quota_rate.py tests/unit/test_quota_entities.py \
   tests/unit/test_fetch_allowance.py tests/unit/test_produce_shaping.py \
   tests/unit/test_bounded_throttles.py tests/unit/test_cluster_quotas.py
