@@ -90,5 +90,10 @@ def metadata_topic_ids_from_bytes(version: int, body: Buffer) -> list[tuple[byte
         pos = skip_tagged_fields(buf, pos + 4)  # topic authorized operations, tags
         if error == 0 and name is not None and topic_id != ZERO_TOPIC_ID:
             pairs.append((topic_id, name))
+    if version == 10:
+        pos += 4  # cluster authorized operations (v8-10)
+    if version >= 13:
+        pos += 2  # the top-level error code
+    pos = skip_tagged_fields(buf, pos)  # raises when the answer ends before its last field
     _need(buf, pos)
     return pairs

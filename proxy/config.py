@@ -594,9 +594,11 @@ class ProxyConfig(Strict):
     each failure up to upstream_reconnect_backoff_max_ms (with 20% jitter), as Kafka's clients'
     reconnect.backoff.ms: a client whose broker is down is held that long, then closed, instead
     of every reconnect of every client hitting the dead broker at once. A success resets it."""
-    upstream_reconnect_backoff_max_ms: int = Field(1000, ge=1, le=300_000)
+    upstream_reconnect_backoff_max_ms: int = Field(1000, ge=1, le=60_000)
     """The longest wait between connects to a broker address that keeps failing (Kafka's
-    reconnect.backoff.max.ms); at least upstream_reconnect_backoff_ms."""
+    reconnect.backoff.max.ms); at least upstream_reconnect_backoff_ms. A client is held at most
+    this long before its connect is tried: keep it well under the clients' request.timeout.ms
+    (30 s by default). Both apply at a reload."""
     client_frame_timeout_seconds: float | None = Field(60.0, gt=0, le=3600)
     """A request frame still incomplete this long after its first byte closes the connection (a
     slowloris). Real clients write a frame at once, and their own request.timeout.ms (30 s by

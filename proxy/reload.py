@@ -43,6 +43,9 @@ def apply(server: ProxyServer, new: ProxyConfig) -> list[str]:
     # The quota API's overlay (alterations through Kafka's Admin API) stays on top of the file.
     quotas = server.quota_api.reload(new.quotas) if server.quota_api is not None else new.quotas
     server.enforcer.reconfigure(quotas)
+    server.brokers.backoff.reconfigure(
+        new.upstream_reconnect_backoff_ms / 1000, new.upstream_reconnect_backoff_max_ms / 1000
+    )
     if (old.quota_api.mode, old.quota_api.topic) != (new.quota_api.mode, new.quota_api.topic):
         pending.append("quota_api.mode/topic (takes effect at restart)")
     kept = new.quota_api.model_copy(update={"mode": old.quota_api.mode, "topic": old.quota_api.topic})

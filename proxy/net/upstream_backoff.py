@@ -35,7 +35,7 @@ class _Down:
     failures: int = 0  # rounds of attempts that failed: the exponent
     attempts: int = 0  # every failed connect, for the log
     retry_at: float = 0.0
-    last_failure_at: float = -math.inf
+    round_opened_at: float = -math.inf  # the failure that began the current round
     unlogged: int = 0
     logged_at: float = -math.inf
 
@@ -58,6 +58,12 @@ class UpstreamBackoff:
         self.uniform = uniform
         self._down: dict[Address, _Down] = {}
 
+    def reconfigure(self, base: float, ceiling: float) -> None:
+        """New bounds (a reload); waits already set run out as they were."""
+        if base <= 0 or ceiling < base:
+            raise ValueError(f"backoff needs 0 < base <= ceiling, got {base}, {ceiling}")
+        self.base, self.ceiling = base, ceiling
+
     def delay(self, address: Address) -> float:
         """Seconds until a connect to ``address`` may start (0: now)."""
         down = self._down.get(address)
@@ -77,11 +83,13 @@ class UpstreamBackoff:
             down = self._down[address] = _Down(since=now)
         down.attempts += 1
         down.unlogged += 1
-        if started_at >= down.last_failure_at:  # a new round, not one begun beside the last
+        # A connect begun before the round's first failure was made alongside it (however long
+        # it took to fail); one begun after it, once its wait was over, opens the next round.
+        if started_at >= down.round_opened_at:
             down.failures += 1
+            down.round_opened_at = now
             wait = self.base * 2 ** min(down.failures - 1, 62)
             down.retry_at = now + min(self.ceiling, wait * self.uniform(1 - JITTER, 1 + JITTER))
-        down.last_failure_at = now
         if now - down.logged_at < LOG_EVERY_SECONDS:
             return None
         reported, down.unlogged, down.logged_at = down.unlogged, 0, now

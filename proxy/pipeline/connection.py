@@ -37,11 +37,13 @@ from proxy.pipeline.flow import ConnectionFlow
 from proxy.pipeline.frame_streams import FrameStreams
 from proxy.pipeline.host import Host, Listener
 from proxy.pipeline.stages import InFlight, Request, Response
+from proxy.ratelog import RateLimitedLog
 from proxy.traffic_metrics import ApiTraffic
 from quota.exemptions import parse_address
 from quota.keys import ANONYMOUS
 
 log = logging.getLogger(__name__)
+unreachable_log = RateLimitedLog(log)
 _ids = itertools.count(1)
 
 # Per-direction write buffer: large enough that a multi-hundred-KiB Produce or Fetch frame does not
@@ -147,6 +149,8 @@ class Pipeline(ConnectionFlow):
         last: BaseException | None = None
         backoff = server.brokers.backoff
         for host, port in backoff.order(targets):
+            if self.closed:  # a cancel the wait below swallowed (3.11's wait_for can)
+                return
             wait = backoff.delay((host, port))
             if wait > 0:
                 # The broker failed its last connects: held (not read) as a slow connect would
@@ -199,8 +203,18 @@ class Pipeline(ConnectionFlow):
             if not self.closed:
                 self.resume_client("connecting")
             return
-        # The upstream's own line says why (at most one per 10 s); one per client would flood.
-        self.close(f"no upstream broker reachable (last error {last!r})", level=logging.INFO)
+        # The upstream's own line says why (at most one per 10 s); one line per client would
+        # flood the log while clients reconnect, so these are rate-limited too.
+        unreachable_log.log(
+            logging.INFO,
+            "no-upstream",
+            "conn %d from %s on %s closed: no upstream broker reachable (last error %r)",
+            self.id,
+            self.peer,
+            self.listener.name,
+            last,
+        )
+        self.close()
 
     @property
     def listener_name(self) -> str:

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from protocol.errors import ErrorCode
 from proxy.config import ProxyConfig
+from proxy.ratelog import RateLimitedLog
 from proxy.shared.exchange import CompactedTopic, ExchangeSettings, exchange_metrics
 from proxy.shared.throttling import QuotaEnforcer
 from quota import client_quota_ops as ops
@@ -36,6 +37,8 @@ from quota.client_quota_ops import Alteration, AlterResult, ApiError, Component,
 from quota.config import QuotaConfig, is_ip_literal
 
 log = logging.getLogger(__name__)
+# Skipped store records: a topic full of bad ones (read again at every reconnect) must not flood.
+skip_log = RateLimitedLog(log)
 _ABSENT = object()  # no value for a key in the overlay
 
 AUTHORIZATION_FAILED = ApiError("CLUSTER_AUTHORIZATION_FAILED", "Cluster authorization failed.")
@@ -250,7 +253,9 @@ class QuotaApiService:
     def _apply_record(self, key: bytes | None, value: bytes | None) -> str:
         if key is None:
             # The exchange hands over key and value only: the topic is named, not the offset.
-            log.warning(
+            skip_log.log(
+                logging.WARNING,
+                "no-key",
                 "quota API: a record of %s without a key skipped (value %s)",
                 self.cfg.quota_api.topic,
                 "null" if value is None else f"{value[:100]!r}{'...' if len(value) > 100 else ''}",
@@ -260,7 +265,7 @@ class QuotaApiService:
             entity, quota_key = ops.decode_key(key)
             present, number = ops.decode_value(entity, quota_key, value)
         except ops.RecordError as exc:
-            log.warning("quota API: record %r skipped: %s", key, exc)
+            skip_log.log(logging.WARNING, "unreadable", "quota API: record %r skipped: %s", key, exc)
             return "unreadable"
         values = self.overlay.get(entity, {})
         if present:

@@ -81,12 +81,13 @@ def test_a_large_answer_gives_every_topic(version: int) -> None:
     assert pairs == [(struct.pack(">QQ", t + 1, t), f"topic-{t}") for t in range(200)]
 
 
-def test_a_truncated_answer_is_refused() -> None:
-    body = _large(12, topics=3, partitions=4, brokers=2)
-    end_of_topics = len(body) - 1 - 1  # v12 ends with the topics, then the tagged-field count
-    for cut in range(end_of_topics):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_truncated_answer_is_refused(version: int) -> None:
+    body = _large(version, topics=3, partitions=4, brokers=2)
+    assert metadata_topic_ids_from_bytes(version, body)
+    for cut in range(len(body)):  # to the last byte of the last field
         with pytest.raises(SchemaError):
-            metadata_topic_ids_from_bytes(12, body[:cut])
+            metadata_topic_ids_from_bytes(version, body[:cut])
 
 
 def test_versions_without_topic_ids_are_refused_by_name() -> None:

@@ -94,3 +94,32 @@ def test_the_config_refuses_a_ceiling_below_the_start() -> None:
     )
     with pytest.raises(Exception, match="upstream_reconnect_backoff_max_ms must be at least"):
         parse_config(text)
+
+
+def test_connects_that_fail_slowly_still_double_the_wait() -> None:
+    """A broker that swallows connects (each fails at its timeout, 10 s after it began) while
+    clients keep coming: a round is the connects begun before its first failure, so the next
+    round, begun once the wait was over, doubles it all the same."""
+    clock = Clock()
+    backoff = _backoff(clock)
+    pending: list[float] = []  # start times of connects under way
+    rounds = []
+    for tick in range(500):  # a client every 0.1 s for 50 s
+        clock.now = 100.0 + tick * 0.1
+        while pending and pending[0] + 10 <= clock.now:
+            backoff.failed(A, pending.pop(0))
+        if backoff.delay(A) == 0:
+            pending.append(clock.now)
+        rounds.append(round(backoff.delay(A), 3))
+    # A round lasts the 10 s a connect takes to fail: four rounds in 50 s, each wait double.
+    assert max(rounds) == pytest.approx(0.4)
+
+
+def test_a_reload_changes_the_bounds() -> None:
+    clock = Clock()
+    backoff = _backoff(clock)
+    backoff.reconfigure(0.2, 5.0)
+    backoff.failed(A, clock.now)
+    assert backoff.delay(A) == pytest.approx(0.2)
+    with pytest.raises(ValueError):
+        backoff.reconfigure(1.0, 0.5)
