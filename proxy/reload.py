@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from proxy.config import ConfigError, ProxyConfig, load_config, quotas_path
+from proxy.net.brokers import backoff_bounds
 from proxy.server import ProxyServer, cluster_wanted
 
 log = logging.getLogger(__name__)
@@ -43,9 +44,7 @@ def apply(server: ProxyServer, new: ProxyConfig) -> list[str]:
     # The quota API's overlay (alterations through Kafka's Admin API) stays on top of the file.
     quotas = server.quota_api.reload(new.quotas) if server.quota_api is not None else new.quotas
     server.enforcer.reconfigure(quotas)
-    server.brokers.backoff.reconfigure(
-        new.upstream_reconnect_backoff_ms / 1000, new.upstream_reconnect_backoff_max_ms / 1000
-    )
+    server.brokers.backoff.reconfigure(*backoff_bounds(new))
     if (old.quota_api.mode, old.quota_api.topic) != (new.quota_api.mode, new.quota_api.topic):
         pending.append("quota_api.mode/topic (takes effect at restart)")
     kept = new.quota_api.model_copy(update={"mode": old.quota_api.mode, "topic": old.quota_api.topic})

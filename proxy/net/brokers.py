@@ -12,6 +12,11 @@ from proxy.net.upstream_backoff import UpstreamBackoff
 log = logging.getLogger(__name__)
 
 
+def backoff_bounds(cfg: ProxyConfig) -> tuple[float, float]:
+    """The upstream reconnect backoff's first and longest wait, in seconds."""
+    return cfg.upstream_reconnect_backoff_ms / 1000, cfg.upstream_reconnect_backoff_max_ms / 1000
+
+
 class BrokerDirectory:
     """Real broker addresses by node id, learned from the responses passing through.
 
@@ -24,13 +29,9 @@ class BrokerDirectory:
         self.real: dict[int, tuple[str, int]] = {}
         self.on_new_node = on_new_node
         self.bootstrap = upstream_addresses(cfg)
-        # Per broker address, shared by every client connection (a reload keeps it: the
-        # brokers' state does not change with the file).
-        self.backoff = UpstreamBackoff(
-            cfg.upstream_reconnect_backoff_ms / 1000,
-            cfg.upstream_reconnect_backoff_max_ms / 1000,
-            time.monotonic,
-        )
+        # Per broker address, shared by every client connection (a reload keeps its state, the
+        # brokers' state does not change with the file, and takes its bounds).
+        self.backoff = UpstreamBackoff(*backoff_bounds(cfg), time.monotonic)
 
     def discovery_addresses(self, last_answered: tuple[str, int] | None = None) -> list[tuple[str, int]]:
         """Where to ask for the cluster's brokers: the one that answered last, the configured

@@ -50,16 +50,13 @@ class UpstreamBackoff:
         clock: Callable[[], float],
         uniform: Callable[[float, float], float] = random.uniform,
     ) -> None:
-        if base <= 0 or ceiling < base:
-            raise ValueError(f"backoff needs 0 < base <= ceiling, got {base}, {ceiling}")
-        self.base = base
-        self.ceiling = ceiling
+        self.reconfigure(base, ceiling)
         self.clock = clock
         self.uniform = uniform
         self._down: dict[Address, _Down] = {}
 
     def reconfigure(self, base: float, ceiling: float) -> None:
-        """New bounds (a reload); waits already set run out as they were."""
+        """The bounds (again at a reload: waits already set run out as they were)."""
         if base <= 0 or ceiling < base:
             raise ValueError(f"backoff needs 0 < base <= ceiling, got {base}, {ceiling}")
         self.base, self.ceiling = base, ceiling

@@ -41,6 +41,13 @@ OnTimedRecord = Callable[[bytes | None, bytes | None, int], None]  # and its tim
 RECORD_OUTCOMES = ("handled", "failed")
 
 
+def shown_value(value: bytes | None) -> str:
+    """A record value for a log line about a skipped record: its first 100 bytes."""
+    if value is None:
+        return "null"
+    return f"{value[:100]!r}{'...' if len(value) > 100 else ''}"
+
+
 @dataclass(frozen=True)
 class ExchangeSettings:
     """What the aiokafka clients need: addresses and security, from the proxy config."""

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from protocol.errors import ErrorCode
 from proxy.config import ProxyConfig
 from proxy.ratelog import RateLimitedLog
-from proxy.shared.exchange import CompactedTopic, ExchangeSettings, exchange_metrics
+from proxy.shared.exchange import CompactedTopic, ExchangeSettings, exchange_metrics, shown_value
 from proxy.shared.throttling import QuotaEnforcer
 from quota import client_quota_ops as ops
 from quota.client_quota_ops import Alteration, AlterResult, ApiError, Component, Op, Overlay
@@ -258,7 +258,7 @@ class QuotaApiService:
                 "no-key",
                 "quota API: a record of %s without a key skipped (value %s)",
                 self.cfg.quota_api.topic,
-                "null" if value is None else f"{value[:100]!r}{'...' if len(value) > 100 else ''}",
+                shown_value(value),
             )
             return "no_key"
         try:

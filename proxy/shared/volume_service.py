@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from proxy.config import ProxyConfig, upstream_addresses
 from proxy.net.upstream_client import UpstreamLogin, fetch_brokers
 from proxy.ratelog import RateLimitedLog
-from proxy.shared.exchange import CompactedTopic, ExchangeSettings, exchange_metrics
+from proxy.shared.exchange import CompactedTopic, ExchangeSettings, exchange_metrics, shown_value
 from proxy.shared.volume_usage import Usage, describe_log_dirs_usage, statvfs_usage
 from quota.volume import VolumeQuotas, VolumeState, VolumeVerdict
 from quota.volume_config import VolumeConfig
@@ -209,7 +209,7 @@ class VolumeService:
                 "no_key",
                 "volume topic %s: a record without a key skipped (value %s)",
                 self.vcfg.topic,
-                _shown(value),
+                shown_value(value),
             )
             return "no_key"
         try:
@@ -335,10 +335,3 @@ class VolumeService:
             snapshot = policy.snapshot(usage, int(self.now_ms()))
             if await self.exchange.publish(encode_key(broker_id), snapshot.encode()):
                 self.metrics.publications.labels(str(broker_id)).inc()
-
-
-def _shown(value: bytes | None) -> str:
-    """A record value for a log line: its first 100 bytes."""
-    if value is None:
-        return "null"
-    return f"{value[:100]!r}{'...' if len(value) > 100 else ''}"
