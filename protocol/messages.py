@@ -13,6 +13,7 @@ from typing import Any
 
 from protocol.api_keys import ApiKey, api_name, has_schema
 from protocol.errors import ErrorCode
+from protocol.metadata_topics import ZERO_TOPIC_ID
 from protocol.records import complete_size, iter_batches
 from protocol.schema import Buffer, SchemaError, message_codec, message_schema, read_uvarint
 from protocol.versions import ADDRESS_LEAKING_CAP, ADVERTISED_BELOW_ACCEPTED, DECODED_APIS, codec_versions
@@ -226,8 +227,6 @@ class PartitionBytes:
     producer_ids: set[int] = field(default_factory=set)
     partial: int = 0  # Fetch: bytes of a trailing partial batch (in ``size``), which the client drops
 
-
-ZERO_TOPIC_ID = bytes(16)
 
 
 def _topic_key(topic: dict[str, Any]) -> str | bytes:

@@ -320,6 +320,8 @@ def _decode_mutation(head: dict[str, object]) -> MutationRecord:
         if not math.isfinite(value):
             raise ReportError(f"{name}: must be finite")
     assert isinstance(quota, int | float) and isinstance(burst, int | float)
+    if not math.isfinite(float(quota) * float(burst)):  # the bucket's size: both finite, yet past 1e308
+        raise ReportError("quota x burst_seconds: must be finite")
     refund = _integer(head, "refund")
     return MutationRecord(
         _text(head, "instance"),

@@ -21,8 +21,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from protocol.frames import FrameError
-from protocol.messages import ZERO_TOPIC_ID, PartitionBytes
-from protocol.metadata_topics import FIRST_VERSION, metadata_topic_ids_from_bytes
+from protocol.messages import PartitionBytes
+from protocol.metadata_topics import FIRST_VERSION, ZERO_TOPIC_ID, metadata_topic_ids_from_bytes
 from protocol.schema import SchemaError
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from proxy.net.upstream_client import UpstreamLogin, fetch_brokers
 from proxy.ratelog import RateLimitedLog
 from proxy.shared.exchange import CompactedTopic, ExchangeSettings, exchange_metrics, shown_value
 from proxy.shared.volume_usage import Usage, describe_log_dirs_usage, statvfs_usage
-from quota.volume import VolumeQuotas, VolumeState, VolumeVerdict
+from quota.volume import BrokerStatus, VolumeQuotas, VolumeState, VolumeVerdict
 from quota.volume_config import VolumeConfig
 from quota.volume_message import VolumeMessageError, decode, decode_key, encode_key
 
@@ -229,8 +229,22 @@ class VolumeService:
             outcome = "cleared"
         else:
             try:
-                self.quotas.update(broker_id, decode(value), now)
+                snapshot = decode(value)
+                status = self.quotas.update(broker_id, snapshot, now)
                 outcome = "applied"
+                if status in (BrokerStatus.STALE, BrokerStatus.FUTURE):
+                    # Held, yet not counted as fresh: the broker's reporter or the clocks are off.
+                    skip_log.log(
+                        logging.WARNING,
+                        status.value,
+                        "volume topic: broker %d's snapshot is %s on arrival (age %.1f s, staleness "
+                        "%.1f s; a negative age is a clock ahead of this one): its state is unknown "
+                        "until a fresh one",
+                        broker_id,
+                        status.value,
+                        (now - snapshot.snapshot_at_ms) / 1000,
+                        self.quotas.options.staleness_ms / 1000,
+                    )
             except VolumeMessageError as exc:
                 # Not skipped: it superseded the broker's last snapshot on the compacted topic.
                 skip_log.log(

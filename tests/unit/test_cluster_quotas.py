@@ -321,6 +321,10 @@ def _numbered(kind: str, second: str) -> bytes:
             "unusable: int too large",
         ),
         (
+            MutationRecord("a", 1, "u", "c", ("u", ""), (1,), True, 1e200, 1e200).encode(),
+            r"quota x burst_seconds: must be finite",  # each finite, their bucket not
+        ),
+        (
             b'{"v": 1, "instance": "x", "at_ms": 1, "rates": [["p", "", "", 1' + b"0" * 400 + b"]]}",
             "unusable",
         ),

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from protocol.frames import FrameDecoder
@@ -47,34 +49,35 @@ async def answer_each_read_at_once(reader: asyncio.StreamReader, writer: asyncio
     writer.close()
 
 
-def _count_writes(
-    loop: asyncio.AbstractEventLoop, server: Any
-) -> tuple[CountingTransport, CountingTransport]:
-    """The one pipeline's upstream and client transports, wrapped (on the proxy's loop) to
-    count their writes."""
-    (pipeline,) = server.pipelines
-
-    async def wrap() -> tuple[CountingTransport, CountingTransport]:
-        up, down = CountingTransport(pipeline.upstream), CountingTransport(pipeline.client)
-        pipeline.upstream, pipeline.client = up, down
-        return up, down
-
-    return asyncio.run_coroutine_threadsafe(wrap(), loop).result(5)
-
-
 def _heartbeat(correlation_id: int) -> bytes:
     payload = struct.pack(">hhih", 12, 0, correlation_id, 4) + b"beat"  # passed through undecoded
     return struct.pack(">i", len(payload)) + payload
 
 
-def test_pipelined_requests_and_their_answers_go_out_in_one_write_each_way() -> None:
+@contextmanager
+def _connected_and_counting() -> Iterator[tuple[socket.socket, CountingTransport, CountingTransport]]:
+    """A client through the proxy, its upstream connection up (a first heartbeat answered), and
+    the one pipeline's upstream and client transports wrapped on the proxy's loop to count
+    their writes from then on."""
     with (
         proxy_in_front_of(answer_each_read_at_once) as (loop, port, server),
         socket.create_connection(("127.0.0.1", port), timeout=10) as client,
     ):
         client.sendall(_heartbeat(0))
-        recv_exactly(client, 4 + 4 + 14)  # the upstream connection is up
-        upstream, to_client = _count_writes(loop, server)
+        recv_exactly(client, 4 + 4 + 14)
+        (pipeline,) = server.pipelines
+
+        async def wrap() -> tuple[CountingTransport, CountingTransport]:
+            up, down = CountingTransport(pipeline.upstream), CountingTransport(pipeline.client)
+            pipeline.upstream, pipeline.client = up, down
+            return up, down
+
+        upstream, to_client = asyncio.run_coroutine_threadsafe(wrap(), loop).result(5)
+        yield client, upstream, to_client
+
+
+def test_pipelined_requests_and_their_answers_go_out_in_one_write_each_way() -> None:
+    with _connected_and_counting() as (client, upstream, to_client):
         wire = b"".join(_heartbeat(c) for c in range(1, 11))
         client.sendall(wire)  # one segment: the proxy reads all ten at once
         got = recv_exactly(client, 10 * (4 + 4 + 14))
@@ -89,13 +92,7 @@ def _unsupported_api_versions(correlation_id: int) -> bytes:
 
 
 def test_answers_the_proxy_makes_itself_to_pipelined_requests_go_out_in_one_write() -> None:
-    with (
-        proxy_in_front_of(answer_each_read_at_once) as (loop, port, server),
-        socket.create_connection(("127.0.0.1", port), timeout=10) as client,
-    ):
-        client.sendall(_heartbeat(0))
-        recv_exactly(client, 4 + 4 + 14)  # the upstream connection is up
-        upstream, to_client = _count_writes(loop, server)
+    with _connected_and_counting() as (client, upstream, to_client):
         client.sendall(b"".join(_unsupported_api_versions(c) for c in range(1, 11)))
         decoder, answers = FrameDecoder(), []
         while len(answers) < 10:

@@ -164,9 +164,9 @@ def _volume_service() -> tuple[VolumeService, CollectorRegistry]:
     return VolumeService(cfg, registry, UpstreamLogin, wall_clock=lambda: NOW_S), registry
 
 
-def _usage(consumed: int = 100) -> bytes:
+def _usage(consumed: int = 100, age_s: float = 0.0) -> bytes:
     return VolumeSnapshot(
-        int(NOW_S * 1000),
+        int((NOW_S - age_s) * 1000),
         LimitDefinition(LimitType.MIN_FREE_PERCENTAGE, 20),
         LimitDefinition(LimitType.MIN_FREE_PERCENTAGE, 10),
         (VolumeDetails("/data", 1000, consumed),),
@@ -241,6 +241,29 @@ def test_volume_records_are_counted_and_bad_ones_change_nothing(
         "unreadable": 3.0,
         "no_key": 1.0,
     }
+
+
+def test_a_snapshot_stale_or_ahead_on_arrival_is_held_yet_not_counted_and_logged(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker's reporter that fell behind (or a clock ahead) is an operator's problem to see:
+    its snapshot is held for display, judged STALE or FUTURE, and logged as it arrives."""
+    monkeypatch.setattr(volume_service, "skip_log", RateLimitedLog(volume_service.log))
+    service, registry = _volume_service()
+    with caplog.at_level(logging.WARNING, logger="proxy.shared.volume_service"):
+        service._on_record(b"1", _usage(age_s=3600))
+        service._on_record(b"2", _usage(age_s=-3600))
+        service._on_record(b"3", _usage())
+    assert [(b, status) for b, status, _at, _err in _held(service)] == [
+        (1, BrokerStatus.STALE),
+        (2, BrokerStatus.FUTURE),
+        (3, BrokerStatus.FRESH),
+    ]
+    assert _volume_records(registry)["applied"] == 3.0
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("volume topic: broker 1's snapshot is stale on arrival (age 3600.0 s, ")
+    assert lines[1].startswith("volume topic: broker 2's snapshot is future on arrival (age -3600.0 s, ")
 
 
 def test_a_flood_of_bad_volume_records_is_counted_in_full_and_logged_in_part(
