@@ -37,19 +37,20 @@ if [ $# -gt 0 ]; then  # a developer's selection: that alone, in one pytest, and
 fi
 
 # Two pytest runs side by side. The broker tests spend much of their time waiting (on throttled
-# clients, quota windows, JVMs starting), and on two cores leave about one idle. The tests that
-# only compute (no socket, no event loop, no deadline: the analytics job on local Spark, the chart
-# rendered and linted, and the unit tests that take seconds) run on those idle cycles, at the
-# lowest priority, so they take almost nothing from the tests that measure time. The lowest: in a
-# session of their own whose autogroup is set to nice 19 (dev/idle_priority.sh). Where the kernel
-# groups processes by session (autogroup), a plain `nice` would only yield to the main pytest
-# process, not to the brokers and proxies it starts, each a session of its own.
+# clients, quota windows, JVMs starting) and leave CPU idle. The tests that only compute run on
+# those idle cycles: no socket, no event loop on the real clock, no deadline (the analytics job on
+# local Spark, the chart rendered and linted, the codec and simulation unit tests, the fuzz
+# targets' bounded runs). They run at the lowest priority, so they take almost nothing from the
+# tests that measure time: in a session of their own whose autogroup is set to nice 19
+# (dev/idle_priority.sh). Where the kernel shares CPU between sessions first (autogroup), a plain
+# `nice` would rank them below the main pytest process only, not below the brokers and proxies it
+# starts, each a session of its own.
 compute_only=(
   tests/analytics tests/deploy
   tests/unit/test_codec_roundtrip.py tests/unit/test_cluster_quotas.py tests/unit/test_report_plain.py
   tests/unit/test_decode_memory.py tests/unit/test_volume_message.py tests/unit/test_frame_decoder.py
   tests/unit/test_proxy_header.py tests/unit/test_metadata_topics.py tests/unit/test_capture_writer.py
-  tests/unit/test_capture_kafka.py
+  tests/unit/test_capture_kafka.py tests/unit/test_fuzz.py
 )
 pytest_began=$SECONDS
 temp=$(mktemp -d "${TMPDIR:-/tmp}/kthrottle-test.XXXXXX")

@@ -8,11 +8,10 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
-from types import SimpleNamespace
 
 import pytest
 
-from proxy.pipeline.connection import Pipeline
+from proxy.pipeline.flow import ConnectionFlow
 from proxy.server import ProxyServer
 from tests.unit.conftest import StubUpstream, proxy_in_front_of, recv_exactly
 
@@ -70,11 +69,18 @@ def test_idle_between_frames_and_whole_frames_are_left_alone(proxy: tuple[int, P
     assert _timeouts(server) == 0
 
 
+def _flow(frame_started: float | None, *pauses: str) -> ConnectionFlow:
+    """A connection's flow state alone (the pipeline's base, compiled as it is)."""
+    flow = ConnectionFlow()
+    flow.frame_started = frame_started
+    flow._client_pauses = set(pauses)
+    flow.closed = False
+    return flow
+
+
 def test_a_frame_the_proxy_stopped_reading_is_never_overdue() -> None:
-    muted = SimpleNamespace(frame_started=0.0, _client_pauses={"throttle"}, closed=False)
-    reading = SimpleNamespace(frame_started=0.0, _client_pauses=set(), closed=False)
-    between = SimpleNamespace(frame_started=None, _client_pauses=set(), closed=False)
-    assert not Pipeline.frame_overdue(muted, 100.0, TIMEOUT)  # type: ignore[arg-type]
-    assert Pipeline.frame_overdue(reading, 100.0, TIMEOUT)  # type: ignore[arg-type]
-    assert not Pipeline.frame_overdue(reading, TIMEOUT / 2, TIMEOUT)  # type: ignore[arg-type]
-    assert not Pipeline.frame_overdue(between, 100.0, TIMEOUT)  # type: ignore[arg-type]
+    muted, reading, between = _flow(0.0, "throttle"), _flow(0.0), _flow(None)
+    assert not muted.frame_overdue(100.0, TIMEOUT)
+    assert reading.frame_overdue(100.0, TIMEOUT)
+    assert not reading.frame_overdue(TIMEOUT / 2, TIMEOUT)
+    assert not between.frame_overdue(100.0, TIMEOUT)
