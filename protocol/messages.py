@@ -228,7 +228,6 @@ class PartitionBytes:
     partial: int = 0  # Fetch: bytes of a trailing partial batch (in ``size``), which the client drops
 
 
-
 def _topic_key(topic: dict[str, Any]) -> str | bytes:
     """A topic's name (``name`` in Produce, ``topic`` in Fetch v4-12), else its 16-byte id (Produce
     v13+ and Fetch v13+ address topics by id only; ``proxy/shared/topic_names.py`` maps it to the name)."""

@@ -232,8 +232,9 @@ class VolumeService:
                 snapshot = decode(value)
                 status = self.quotas.update(broker_id, snapshot, now)
                 outcome = "applied"
-                if status in (BrokerStatus.STALE, BrokerStatus.FUTURE):
-                    # Held, yet not counted as fresh: the broker's reporter or the clocks are off.
+                if status in (BrokerStatus.STALE, BrokerStatus.FUTURE) and self.exchange.caught_up.is_set():
+                    # Held, yet not counted as fresh: the broker's reporter or the clocks are off
+                    # (the history read at start is old by nature, and newer records follow).
                     skip_log.log(
                         logging.WARNING,
                         status.value,
