@@ -70,7 +70,7 @@ def test_idle_between_frames_and_whole_frames_are_left_alone(proxy: tuple[int, P
 
 
 def _flow(frame_started: float | None, *pauses: str) -> ConnectionFlow:
-    """A connection's flow state alone (the pipeline's base, compiled as it is)."""
+    """A connection's flow state alone (the pipeline's base), with no socket or loop."""
     flow = ConnectionFlow()
     flow.frame_started = frame_started
     flow._client_pauses = set(pauses)
