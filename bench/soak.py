@@ -33,8 +33,14 @@ Prints one JSON line last:
                                   throttling answers the admin quota gives are expected and
                                   listed apart (throttled_by_kind); unexpected_errors sums the rest
   messages_produced / messages_consumed / produced_equals_consumed / duplicates / missing
+  missing_by_group                acknowledged messages a group never read, by group
   redelivered                     by group: places read again (after the restart, the rebalances)
   longest_silence_s               by group: the longest it went without a new message
+  silence_evidence                every 10 s sample of a group silent for 30 s or more: the
+                                  proxy's rows for its connections (requests and bytes each way,
+                                  in flight, paused), so a quiet group shows whether it was
+                                  asking and whether it was answered
+  group_connections_at_end        the same rows for every group as the traffic ends
   longest_pending_request_s       by api: the longest a request waited in the proxy for its
                                   answer, seen at the 10 s samples (throttles included)
   faults                          what was done when; upstream_errors_from_the_restart: the
@@ -76,6 +82,7 @@ REPLAY_QUOTA = 512 * KiB
 MUTATION_RATE = 2
 VALUE_SIZE = 1024
 TOPICS = {"soak-a": 3, "soak-b": 3, "soak-probe": 1}
+SILENCE_EVIDENCE_S = 30.0  # a group this long without a new message has its connections recorded
 
 Result = dict[str, Any]
 
@@ -538,6 +545,16 @@ def scrape(proxy: Any, name: str, label: str) -> dict[str, float]:
     return dict(found)
 
 
+def group_connections(proxy: Any, group: str) -> list[dict[str, Any]]:
+    """The proxy's rows for the connections whose client id is ``group`` (the soak's consumers
+    use their group as client id): requests and bytes each way so far, in flight, paused."""
+    status, body = proxy.admin_get(f"/connections?client_id={group}&sort=age&limit=20")
+    if status != 200:
+        return [{"error": f"HTTP {status}: {body[:200]}"}]
+    keep = ("id", "broker", "age_s", "requests", "bytes_in", "bytes_out", "in_flight", "paused")
+    return [{k: row.get(k) for k in keep} for row in json.loads(body).get("connections", [])]
+
+
 def soak_config(cluster: Any) -> dict[str, Any]:
     from dev.proxy_process import gateway_config
 
@@ -613,6 +630,9 @@ def run(minutes: float, warmup: float, faults: bool = False, log_dir: str | None
             pending = [(began + f * minutes * 60, what) for f, what in planned] if faults else []
             last_moved = {group: (began, 0) for group in groups}
             silences = {group: 0.0 for group in groups}
+            # What a group's connections through the proxy do while it is silent (asking or not,
+            # answered or not): the first thing to read when a group goes quiet.
+            silence_evidence: list[dict[str, Any]] = []
             # The longest any request waited in the proxy for its answer, by api, at the samples:
             # a quiet group with a request long unanswered here points at the proxy or the broker;
             # with none, at the client.
@@ -647,12 +667,20 @@ def run(minutes: float, warmup: float, faults: bool = False, log_dir: str | None
                         last_moved[group] = (now, value)
                     else:
                         silences[group] = max(silences[group], now - since)
+                        if now - since >= SILENCE_EVIDENCE_S and len(silence_evidence) < 200:
+                            silent_s = round(now - since, 1)
+                            silence_evidence.append(
+                                {"at_min": round(at / 60, 2), "group": group, "silent_s": silent_s}
+                                | {"connections": group_connections(proxy, group)}
+                            )
+                            print(f"  {at / 60:5.1f} min  {group} silent: {silence_evidence[-1]}", flush=True)
                 print(
                     f"  {at / 60:5.1f} min  rss {sample[0] / MiB:6.1f} MiB  fds {sample[1]}"
                     f"  consumed {[v.value for v in progress.values()]}",
                     flush=True,
                 )
             assert start_sample is not None, "the run is shorter than its warm-up"
+            at_end = {group: group_connections(proxy, group) for group in groups}
             end_sample = (rss_bytes(pid), open_fds(pid))
             stop_producers.set()
             results: dict[str, Result] = {}
@@ -712,6 +740,8 @@ def run(minutes: float, warmup: float, faults: bool = False, log_dir: str | None
         "faults": events,
         "longest_silence_s": {g: round(v, 1) for g, v in silences.items()},
         "longest_pending_request_s": {api: round(v, 1) for api, v in sorted(pending_max.items())},
+        "silence_evidence": silence_evidence,
+        "group_connections_at_end": at_end,
     }
 
 
@@ -810,6 +840,7 @@ def summarize(
         "duplicates": sum(c["duplicates"] for c in consumed.values()),
         "redelivered": {g: c["redelivered"] for g, c in consumed.items()},
         "missing": sum(c["missing"] for c in consumed.values()),
+        "missing_by_group": {g: c["missing"] for g, c in consumed.items()},
         "admin_topics_created": admin.get("create:ok", 0),
         "admin_topics_deleted": admin.get("delete:ok", 0),
         "replayed_mib": round(replay["fetched_bytes"] / MiB, 1),

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,32 @@ pytestmark = pytest.mark.integration
 
 MINUTES = 0.3
 WARMUP_SECONDS = 8
+
+
+def _tail(path: Path, lines: int, keep: tuple[str, ...] = ("",)) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return f"({path.name}: {exc})"
+    return "\n".join([line for line in text if any(k in line for k in keep)][-lines:])
+
+
+def _short_groups_evidence(figures: dict[str, Any], logs: Path) -> str:
+    """What to read when a group missed messages: the figures, each short group's silence
+    evidence and client log, and the proxy's warnings."""
+    short = [g for g, n in figures["missing_by_group"].items() if n]
+    parts = [f"missing by group: {figures['missing_by_group']}, consumed: {figures['messages_consumed']}"]
+    for group in short:
+        evidence = [e for e in figures["silence_evidence"] if e["group"] == group]
+        parts.append(f"--- {group}: silence evidence {evidence[-3:]}")
+        parts.append(f"--- {group}: connections at the end {figures['group_connections_at_end'].get(group)}")
+        # How it started (bootstrap, coordinator, join) and how it ended.
+        head, tail = _tail(logs / f"{group}.log", 10**6).splitlines(), _tail(logs / f"{group}.log", 20)
+        parts.append(f"--- {group}.log (first 60 lines, then the last 20)\n" + "\n".join(head[:60]))
+        parts.append(f"...\n{tail}")
+    warnings = _tail(logs / "kthrottle.log", 40, (" WARNING ", " ERROR "))
+    parts.append(f"--- kthrottle.log warnings and errors (last 40)\n{warnings}")
+    return "\n".join(parts)
 
 
 @pytest.mark.timeout(MINUTES * 60 + 600)
@@ -46,11 +73,18 @@ def test_soak_loses_nothing_and_does_not_creep(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
 
-    # Every acknowledged message consumed by every group reading its topic, exactly once.
+    # Every acknowledged message consumed by every group reading its topic, exactly once. A
+    # group that fell short brings its client's log and the proxy's warnings into the failure
+    # (CI keeps only what the run prints).
     assert figures["messages_produced"] > 0
-    assert figures["missing"] == 0, figures["messages_consumed"]
+    assert figures["missing"] == 0, _short_groups_evidence(figures, tmp_path / "logs")
     assert figures["duplicates"] == 0
-    assert figures["produced_equals_consumed"], figures
+    assert figures["produced_equals_consumed"], _short_groups_evidence(figures, tmp_path / "logs")
+    # Every group's client is seen by the proxy asking and answered (what a silent group's
+    # evidence would show stopping), and no group went silent for the evidence's 30 s.
+    for group, rows in figures["group_connections_at_end"].items():
+        assert any(row["requests"] > 0 and row["bytes_out"] > 0 for row in rows), (group, rows)
+    assert figures["silence_evidence"] == [], figures["silence_evidence"]
     # No client saw an error, and the proxy refused nothing (the admin's throttling is the quota's).
     assert figures["errors_by_kind"] == {}, figures["errors_by_kind"]
     # Quotas were on and applied to all three kinds of traffic.
