@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 from protocol.proxy_header import ProxyHeader, ProxyHeaderError, ProxyHeaderParser
-from proxy.net.transports import ClientProtocol, feed_client
+from proxy.net.transports import ClientProtocol
 from proxy.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -196,7 +196,7 @@ class HeaderProtocol(asyncio.BufferedProtocol):
             self.transport.set_protocol(protocol)
             protocol.connection_made(self.transport)  # the pipeline pauses reads until its upstream is up
             if self.parser.rest and protocol.pipeline is not None:  # never, reading at most wanted()
-                feed_client(protocol.pipeline, self.parser.rest)
+                protocol.pipeline.feed(self.parser.rest)
             return
         # Nothing more is read here: the TLS handshake's bytes are the TLS protocol's.
         self.transport.pause_reading()
@@ -249,7 +249,7 @@ class TlsAfterHeader(ClientProtocol):
         super().connection_made(transport)
         early, self._early, self._scratch = self._early, bytearray(), None
         if early and self.pipeline is not None and not self.pipeline.closed:
-            feed_client(self.pipeline, early)
+            self.pipeline.feed(early)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.pipeline is None:

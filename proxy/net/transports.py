@@ -42,18 +42,6 @@ def close_bounded(transport: asyncio.Transport, loop: asyncio.AbstractEventLoop)
         loop.call_later(CLOSE_FLUSH_SECONDS, transport.abort)
 
 
-def feed_client(pipeline: Pipeline, data: bytes | bytearray) -> None:
-    """Hand bytes already read from the client to its pipeline, as the socket would have read
-    them into the request decoder's buffer."""
-    view = memoryview(data)
-    while view and not pipeline.closed:
-        buffer = pipeline.requests.get_buffer()
-        n = min(len(buffer), len(view))
-        buffer[:n] = view[:n]
-        view = view[n:]
-        pipeline.client_written(n)
-
-
 class ClientProtocol(asyncio.BufferedProtocol):
     """A client connection: the socket reads straight into the pipeline's request decoder."""
 

@@ -86,6 +86,7 @@ class Pipeline(ConnectionFlow):
         self.streams = FrameStreams(self)
         self.in_flight: deque[InFlight] = deque()
         self._unread = 0  # bytes the client sent before the upstream connection was asked for
+        self._early = bytearray()  # bytes handed over (``feed``) while the upstream connects
         # Frames decoded from one read go out in one write (one syscall, not one per frame):
         # collected here while a read's frames are handled, written once at its end.
         self._upstream_batch: list[bytes | bytearray] | None = None
@@ -198,8 +199,16 @@ class Pipeline(ConnectionFlow):
             if self._upstream_pauses:
                 transport.pause_reading()
             unread, self._unread = self._unread, 0
-            if unread:  # before reading resumes: the decoder's buffer still holds them
-                self.client_written(unread)
+            early, self._early = self._early, bytearray()
+            try:
+                if unread:  # before reading resumes: the decoder's buffer still holds them
+                    self.client_written(unread)
+                if early:  # then what was handed over meanwhile, in the order it came
+                    self.feed(early)
+            except Exception:  # a task: nothing else would close the connection (see _release_held)
+                log.exception("conn %d: the first requests failed", self.id)
+                self.close("the first requests failed")
+                return
             if not self.closed:
                 self.resume_client("connecting")
             return
@@ -304,6 +313,22 @@ class Pipeline(ConnectionFlow):
         return not self.in_flight and self.streams.response is None and not self.streams.request_open
 
     # --- requests ------------------------------------------------------------------------------
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Bytes already read from the client, handed over as the socket would have read them
+        (a PROXY header's tail, or what TLS decrypted before the pipeline existed). While the
+        upstream connects the decoder takes nothing past the first bytes (they wait in its
+        buffer, undecoded), so the rest waits here until it is up."""
+        view = memoryview(data)
+        while view and not self.closed:
+            if self.upstream is None and self._connect_task is not None:
+                self._early += view
+                return
+            buffer = self.requests.get_buffer()
+            n = min(len(buffer), len(view))
+            buffer[:n] = view[:n]
+            view = view[n:]
+            self.client_written(n)
 
     def client_written(self, nbytes: int) -> None:
         """The client socket wrote ``nbytes`` into the request decoder's buffer."""

@@ -88,9 +88,18 @@ class ConnectionFlow:
         self._release_held()
 
     def _release_held(self) -> None:
-        """Requests read while held go first, in order; one of them may hold the connection again."""
-        while self.held and not self.holding and not self.closed:
-            self._request(self.held.popleft())
+        """Requests read while held go first, in order; one of them may hold the connection again.
+
+        This runs from a timer or a task (a mute ending, a stage's hold, the upstream coming up),
+        where an exception would close nothing: the client would wait for good on a request never
+        sent, its reads paused. So a failure here closes the connection, said at ERROR."""
+        try:
+            while self.held and not self.holding and not self.closed:
+                self._request(self.held.popleft())
+        except Exception:
+            log.exception("conn %d: replaying a held request failed", self.id)
+            self.close("replaying a held request failed")
+            return
         if not self._client_pauses and not self.closed:
             self.client.resume_reading()
             if self.frame_started is not None:
