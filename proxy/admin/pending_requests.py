@@ -1,9 +1,9 @@
 """Requests still waiting for their answer: how long the oldest of each API has waited, and a
 warning for any that waits far longer than a Kafka request should.
 
-A client whose request is never answered sees nothing until its own request timeout (305 s for
-kafka-python's and the Java consumer, 30 s for producers), and a consumer group then goes quiet
-with no error. This tells at once whether such a request is waiting in the proxy (for the
+A client whose request is never answered sees nothing until its own request timeout (30 s for
+the Java and kafka-python 3 clients; a JoinGroup's is the group's rebalance timeout plus 5 s, 305 s
+by default), and a consumer group then goes quiet with no error. This tells at once whether such a request is waiting in the proxy (for the
 broker's answer, or behind a throttle) or was never sent to it.
 """
 
