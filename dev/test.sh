@@ -50,7 +50,7 @@ compute_only=(
   tests/unit/test_codec_roundtrip.py tests/unit/test_cluster_quotas.py tests/unit/test_report_plain.py
   tests/unit/test_decode_memory.py tests/unit/test_volume_message.py tests/unit/test_frame_decoder.py
   tests/unit/test_proxy_header.py tests/unit/test_metadata_topics.py tests/unit/test_capture_writer.py
-  tests/unit/test_capture_kafka.py tests/unit/test_fuzz.py
+  tests/unit/test_capture_kafka.py tests/unit/test_fuzz.py tests/unit/test_pipeline_liveness.py
 )
 pytest_began=$SECONDS
 temp=$(mktemp -d "${TMPDIR:-/tmp}/kthrottle-test.XXXXXX")

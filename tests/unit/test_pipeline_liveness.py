@@ -1,21 +1,26 @@
 """A request the proxy has read is forwarded, answered or its connection closed: never left
-waiting with the connection open. A real Pipeline on in-memory transports (fuzz/fakenet.py)."""
+waiting with the connection open. A real Pipeline on in-memory transports (fuzz/fakenet.py),
+driven by hand for the cases found, and by seeded random consumer traffic (pipelined requests,
+throttles, waits, streamed answers, a clock that jumps) for the property."""
 
 from __future__ import annotations
 
 import logging
+import random
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from fuzz.fakenet import FakeTransport, FuzzLoop
-from fuzz.pipeline_target import _listener
+from fuzz.pipeline_target import _Capture, _Catalog, _listener
 from protocol import messages
-from protocol.frames import FrameDecoder, RequestHeader, encode_request_header
+from protocol.frames import FrameDecoder, RequestHeader, encode_request_header, encode_response_header
 from proxy.config import parse_config
 from proxy.net.transports import ClientProtocol
 from proxy.pipeline.connection import Pipeline
+from proxy.pipeline.stages import proxy_stages
 from proxy.pipeline.stages.group_requests import GroupRequestStage
 from proxy.server import ProxyServer
 
@@ -33,13 +38,18 @@ CLIENT_ID = "kafka-python-3.0.12"  # consumers left at their default id share on
 class _Net:
     """A proxy on a loop whose clock moves when told, and the broker connections it opens."""
 
-    def __init__(self, config: str) -> None:
+    def __init__(self, config: str, capture: bool = False) -> None:
         self.loop = FuzzLoop()
         self.errors: list[dict[str, object]] = []
         self.loop.set_exception_handler(lambda _loop, ctx: self.errors.append(ctx))
         self.server = ProxyServer(parse_config(config))
+        self.server.catalog = _Catalog()  # type: ignore[assignment]
+        self.server.topic_lookup.catalog = self.server.catalog
         self.server.brokers.on_new_node = None
         self.server.enforcer.clock = self.loop.time
+        if capture:
+            self.server.capture = _Capture()  # type: ignore[assignment]
+            self.server.stages = proxy_stages(self.server)
         self.upstreams: list[FakeTransport] = []
         self.loop.on_connection = self.upstreams.append
 
@@ -151,3 +161,204 @@ def test_a_failure_decoding_the_first_requests_closes_the_connection(
     assert pipeline.closed and client.closed
     assert any("the first requests failed" in r.getMessage() for r in proxy_log.records)
     assert not any(isinstance(ctx.get("exception"), RuntimeError) for ctx in net.errors)
+
+
+# --- the property: random consumer traffic, every request answered in order -----------------
+
+QUOTAS = """
+quotas:
+  window: {{num: 2, size_seconds: 1}}
+  fetch_shaping: {shaping}
+  max_throttle_ms: {bound}
+  clients:
+    <default>: {{consumer_byte_rate: 30000, request_percentage: 20, join_group_rate: 0.5,
+                rejoin_group_rate: 0.5, sync_group_rate: 1, offset_commit_rate: 1}}
+"""
+# (config, capture attached): no quotas; fetch shaping bounded, unbounded; Kafka's shaping.
+SETUPS = [
+    (SIDECAR, False),
+    (SIDECAR + QUOTAS.format(shaping="steady", bound=5000), True),
+    (SIDECAR + QUOTAS.format(shaping="steady", bound="null"), False),
+    (SIDECAR + QUOTAS.format(shaping="kafka", bound="null"), True),
+]
+
+
+def _fetch() -> dict[str, Any]:
+    partition = {
+        "partition": 0,
+        "current_leader_epoch": -1,
+        "fetch_offset": 0,
+        "log_start_offset": -1,
+        "partition_max_bytes": 1048576,
+    }
+    return {
+        "replica_id": -1,
+        "max_wait_ms": 500,
+        "min_bytes": 1,
+        "max_bytes": 52428800,
+        "isolation_level": 0,
+        "session_id": 0,
+        "session_epoch": -1,
+        "topics": [{"topic": "t", "partitions": [partition]}],
+        "forgotten_topics_data": [],
+        "rack_id": "",
+    }
+
+
+def _join_body(member: str) -> dict[str, Any]:
+    return {
+        "group_id": "g",
+        "session_timeout_ms": 10000,
+        "rebalance_timeout_ms": 300000,
+        "member_id": member,
+        "group_instance_id": None,
+        "protocol_type": "consumer",
+        "protocols": [{"name": "range", "metadata": b""}],
+    }
+
+
+# What a consumer sends, by weight: (api key, version, body).
+CONSUMER_REQUESTS: list[tuple[int, int, Callable[[], dict[str, Any]], int]] = [
+    (1, 11, _fetch, 10),
+    (3, 8, lambda: {"topics": None}, 2),
+    (10, 2, lambda: {"key": "g", "key_type": 0}, 1),
+    (11, 5, lambda: _join_body(""), 1),
+    (11, 5, lambda: _join_body("m-1"), 1),
+    (14, 3, lambda: {"group_id": "g", "generation_id": 1, "member_id": "m-1", "assignments": []}, 1),
+    (12, 3, lambda: {"group_id": "g", "generation_id": 1, "member_id": "m-1"}, 3),
+    (8, 7, lambda: {"group_id": "g", "topics": []}, 2),
+    (9, 5, lambda: {"group_id": "g", "topics": None}, 1),
+    (2, 5, lambda: {"replica_id": -1, "topics": []}, 1),
+]
+FETCH_SIZES = [0, 0, 100, 5000, 40000, 70000, 200000]  # 64 KiB and up are streamed
+
+
+def _split_sends(rng: random.Random, transport: FakeTransport, data: bytearray) -> None:
+    """Sent as a socket may deliver it: whole, or cut anywhere."""
+    while data:
+        cut = len(data) if rng.random() < 0.7 else rng.randint(1, len(data))
+        transport.send(bytes(data[:cut]))
+        del data[:cut]
+
+
+class _Consumer:
+    """Up to five requests in flight, as kafka-python pipelines them; checks its answers' order."""
+
+    def __init__(self, net: _Net, rng: random.Random) -> None:
+        self.rng = rng
+        self.pipeline, self.transport = net.connect()
+        self.correlation = 0
+        self.waiting: list[int] = []
+        self.decoder = FrameDecoder(2**31 - 1)
+        self.read_to = 0
+        self.errors: list[str] = []
+
+    def send_some(self) -> None:
+        out = bytearray()
+        for _ in range(self.rng.randint(1, 3)):
+            if len(self.waiting) >= 5:
+                break
+            key, version, body, _weight = self.rng.choices(
+                CONSUMER_REQUESTS, [r[3] for r in CONSUMER_REQUESTS]
+            )[0]
+            self.correlation += 1
+            out += _frame(key, version, self.correlation, body())
+            self.waiting.append(self.correlation)
+        _split_sends(self.rng, self.transport, out)
+
+    def read(self) -> None:
+        data, self.read_to = self.transport.written[self.read_to :], len(self.transport.written)
+        for frame in self.decoder.feed(data):
+            got = struct.unpack_from(">i", frame, 0)[0]
+            want = self.waiting.pop(0) if self.waiting else None
+            if got != want:
+                self.errors.append(f"answer {got} while waiting for {want}")
+
+
+class _Broker:
+    """Answers what reached it, in order, a few at a time; Fetch answers of random sizes."""
+
+    def __init__(self, transport: FakeTransport, rng: random.Random) -> None:
+        self.transport, self.rng = transport, rng
+        self.decoder = FrameDecoder(2**31 - 1)
+        self.read_to = 0
+        self.todo: list[tuple[int, int, int]] = []
+
+    def answer(self, count: int) -> None:
+        data, self.read_to = self.transport.written[self.read_to :], len(self.transport.written)
+        self.todo += [struct.unpack_from(">hhi", f, 0) for f in self.decoder.feed(data)]
+        out = bytearray()
+        for key, version, correlation in self.todo[:count]:
+            body: dict[str, Any] = {}
+            if key == 1:
+                size = self.rng.choice(FETCH_SIZES)
+                batch = struct.pack(">qi", 0, max(size, 61) - 12) + bytes(max(size, 61) - 12)
+                partition = {
+                    "partition_index": 0,
+                    "high_watermark": 10,
+                    "last_stable_offset": 10,
+                    "log_start_offset": 0,
+                    "aborted_transactions": [],
+                    "preferred_read_replica": -1,
+                    "records": batch if size else None,
+                }
+                body = {"responses": [{"topic": "t", "partitions": [partition]}]}
+            payload = encode_response_header(key, version, correlation)
+            payload += messages.encode_response(key, version, body)
+            out += struct.pack(">i", len(payload)) + payload
+        del self.todo[:count]
+        _split_sends(self.rng, self.transport, out)
+
+
+def _random_traffic(seed: int, config: str, capture: bool) -> str | None:
+    """One scenario; what went wrong, or None."""
+    rng = random.Random(seed)
+    net = _Net(config, capture)
+    consumers = [_Consumer(net, rng) for _ in range(rng.randint(1, 3))]
+    brokers: dict[int, _Broker] = {}
+
+    def settle() -> None:
+        net.loop.settle(2000)
+        for transport in net.upstreams:
+            pipeline = transport.protocol.pipeline  # type: ignore[attr-defined]
+            brokers.setdefault(id(pipeline), _Broker(transport, rng))
+        for consumer in consumers:
+            consumer.read()
+
+    settle()
+    for _step in range(rng.randint(20, 200)):
+        consumer, r = rng.choice(consumers), rng.random()
+        if r < 0.4:
+            consumer.send_some()
+        elif r < 0.8 and id(consumer.pipeline) in brokers:
+            brokers[id(consumer.pipeline)].answer(rng.randint(1, 3))
+        else:
+            net.loop.advance(rng.choice([0.001, 0.05, 0.3, 1.0, 3.0]))
+        settle()
+    # The consumers stop; the broker answers everything; the clock runs on (throttles, waits end).
+    for _ in range(3000):
+        if not any(c.waiting for c in consumers):
+            break
+        for consumer in consumers:
+            if id(consumer.pipeline) in brokers:
+                brokers[id(consumer.pipeline)].answer(100)
+        net.loop.advance(0.5)
+        settle()
+    if net.errors:
+        return f"seed {seed}: {net.errors[0].get('message')} {net.errors[0].get('exception')!r}"
+    for consumer in consumers:
+        p = consumer.pipeline
+        if consumer.errors or consumer.waiting or p.closed:
+            return (
+                f"seed {seed}: answers {consumer.errors[:3]}, unanswered {consumer.waiting[:5]}, "
+                f"closed={p.closed} pauses={p.pause_reasons} held={len(p.held)} in_flight={len(p.in_flight)}"
+            )
+    net.loop.close()
+    return None
+
+
+@pytest.mark.parametrize("setup", range(len(SETUPS)), ids=["plain", "bounded", "unbounded", "kafka"])
+def test_random_consumer_traffic_gets_every_answer_in_order(setup: int) -> None:
+    config, capture = SETUPS[setup]
+    failures = [f for seed in range(60) if (f := _random_traffic(seed, config, capture)) is not None]
+    assert not failures, failures[:3]
