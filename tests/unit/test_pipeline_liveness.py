@@ -16,7 +16,13 @@ import pytest
 from fuzz.fakenet import FakeTransport, FuzzLoop
 from fuzz.pipeline_target import _Capture, _Catalog, _listener
 from protocol import messages
-from protocol.frames import FrameDecoder, RequestHeader, encode_request_header, encode_response_header
+from protocol.frames import (
+    FrameDecoder,
+    RequestHeader,
+    encode_request_header,
+    encode_response_header,
+    parse_request_header,
+)
 from proxy.config import parse_config
 from proxy.net.transports import ClientProtocol
 from proxy.pipeline.connection import Pipeline
@@ -217,8 +223,10 @@ def _join_body(member: str) -> dict[str, Any]:
     }
 
 
-# What a consumer sends, by weight: (api key, version, body).
-CONSUMER_REQUESTS: list[tuple[int, int, Callable[[], dict[str, Any]], int]] = [
+# (api key, version, body, weight)
+Request = tuple[int, int, Callable[[], dict[str, Any]], int]
+# What a consumer sends, by weight.
+CONSUMER_REQUESTS: list[Request] = [
     (1, 11, _fetch, 10),
     (3, 8, lambda: {"topics": None}, 2),
     (10, 2, lambda: {"key": "g", "key_type": 0}, 1),
@@ -233,6 +241,67 @@ CONSUMER_REQUESTS: list[tuple[int, int, Callable[[], dict[str, Any]], int]] = [
 FETCH_SIZES = [0, 0, 100, 5000, 40000, 70000, 200000]  # 64 KiB and up are streamed
 
 
+_BATCHES: dict[int, bytes] = {}
+
+
+def _batch(size: int) -> bytes:
+    """A record batch of about ``size`` bytes (built once per size: the builder is slow)."""
+    if size not in _BATCHES:
+        from kafka.record.default_records import DefaultRecordBatchBuilder
+
+        builder = DefaultRecordBatchBuilder(
+            magic=2,
+            compression_type=0,
+            is_transactional=False,
+            producer_id=-1,
+            producer_epoch=-1,
+            base_sequence=-1,
+            batch_size=1 << 20,
+        )
+        builder.append(0, timestamp=1_700_000_000_000, key=None, value=bytes(size), headers=[])
+        _BATCHES[size] = bytes(builder.build())
+    return _BATCHES[size]
+
+
+def _produce(acks: int) -> Callable[[], dict[str, Any]]:
+    def body() -> dict[str, Any]:
+        size = random.choice([100, 5000, 40000, 70000, 200000])  # 64 KiB and up may be streamed
+        partitions = [{"index": 0, "records": _batch(size)}]
+        return {
+            "transactional_id": None,
+            "acks": acks,
+            "timeout_ms": 30000,
+            "topic_data": [{"name": "t", "partition_data": partitions}],
+        }
+
+    return body
+
+
+_names = iter(range(10**9))
+
+
+def _create() -> dict[str, Any]:
+    topic = {"name": f"n{next(_names)}", "num_partitions": 3, "replication_factor": 1}
+    return {
+        "topics": [topic | {"assignments": [], "configs": []}],
+        "timeout_ms": 1000,
+        "validate_only": False,
+    }
+
+
+# What a producer and an admin client send, by weight.
+PRODUCER_REQUESTS: list[Request] = [
+    (0, 9, _produce(1), 10),
+    (0, 9, _produce(0), 2),
+    (0, 3, _produce(1), 2),
+    (3, 12, lambda: {"topics": None, "allow_auto_topic_creation": False}, 1),
+    (22, 4, lambda: {"transactional_id": None, "transaction_timeout_ms": 60000}, 2),
+    (19, 7, _create, 1),
+    (37, 3, lambda: {"topics": [{"name": "t", "count": 6, "assignments": None}], "timeout_ms": 1000}, 1),
+    (20, 6, lambda: {"topics": [{"name": f"n{next(_names)}", "topic_id": bytes(16)}], "timeout_ms": 1000}, 1),
+]
+
+
 def _split_sends(rng: random.Random, transport: FakeTransport, data: bytearray) -> None:
     """Sent as a socket may deliver it: whole, or cut anywhere."""
     while data:
@@ -241,11 +310,13 @@ def _split_sends(rng: random.Random, transport: FakeTransport, data: bytearray) 
         del data[:cut]
 
 
-class _Consumer:
-    """Up to five requests in flight, as kafka-python pipelines them; checks its answers' order."""
+class _Client:
+    """Up to five requests in flight, as kafka-python and librdkafka pipeline them, drawn from
+    ``workload``; checks that the answers come in order (acks=0 Produce has none)."""
 
-    def __init__(self, net: _Net, rng: random.Random) -> None:
-        self.rng = rng
+    def __init__(self, net: _Net, rng: random.Random, workload: list[Request]) -> None:
+        self.rng, self.workload = rng, workload
+        self.weights = [r[3] for r in workload]
         self.pipeline, self.transport = net.connect()
         self.correlation = 0
         self.waiting: list[int] = []
@@ -258,12 +329,12 @@ class _Consumer:
         for _ in range(self.rng.randint(1, 3)):
             if len(self.waiting) >= 5:
                 break
-            key, version, body, _weight = self.rng.choices(
-                CONSUMER_REQUESTS, [r[3] for r in CONSUMER_REQUESTS]
-            )[0]
+            key, version, body, _weight = self.rng.choices(self.workload, self.weights)[0]
             self.correlation += 1
-            out += _frame(key, version, self.correlation, body())
-            self.waiting.append(self.correlation)
+            request = body()
+            out += _frame(key, version, self.correlation, request)
+            if not (key == 0 and request["acks"] == 0):
+                self.waiting.append(self.correlation)
         _split_sends(self.rng, self.transport, out)
 
     def read(self) -> None:
@@ -286,7 +357,11 @@ class _Broker:
 
     def answer(self, count: int) -> None:
         data, self.read_to = self.transport.written[self.read_to :], len(self.transport.written)
-        self.todo += [struct.unpack_from(">hhi", f, 0) for f in self.decoder.feed(data)]
+        for frame in self.decoder.feed(data):
+            key, version, correlation = struct.unpack_from(">hhi", frame, 0)
+            body = memoryview(frame)[parse_request_header(frame).size :]
+            if key != 0 or messages.read_produce_acks(version, body) != 0:  # acks=0: no answer
+                self.todo.append((key, version, correlation))
         out = bytearray()
         for key, version, correlation in self.todo[:count]:
             body: dict[str, Any] = {}
@@ -310,11 +385,12 @@ class _Broker:
         _split_sends(self.rng, self.transport, out)
 
 
-def _random_traffic(seed: int, config: str, capture: bool) -> str | None:
+def _random_traffic(seed: int, config: str, capture: bool, workload: list[Request]) -> str | None:
     """One scenario; what went wrong, or None."""
     rng = random.Random(seed)
+    random.seed(seed)  # the request bodies' own choices
     net = _Net(config, capture)
-    consumers = [_Consumer(net, rng) for _ in range(rng.randint(1, 3))]
+    consumers = [_Client(net, rng, workload) for _ in range(rng.randint(1, 3))]
     brokers: dict[int, _Broker] = {}
 
     def settle() -> None:
@@ -360,5 +436,33 @@ def _random_traffic(seed: int, config: str, capture: bool) -> str | None:
 @pytest.mark.parametrize("setup", range(len(SETUPS)), ids=["plain", "bounded", "unbounded", "kafka"])
 def test_random_consumer_traffic_gets_every_answer_in_order(setup: int) -> None:
     config, capture = SETUPS[setup]
-    failures = [f for seed in range(60) if (f := _random_traffic(seed, config, capture)) is not None]
+    runs = [_random_traffic(seed, config, capture, CONSUMER_REQUESTS) for seed in range(60)]
+    failures = [f for f in runs if f is not None]
+    assert not failures, failures[:3]
+
+
+PRODUCER_QUOTAS = """
+quotas:
+  window: {{num: 2, size_seconds: 1}}
+  produce_shaping: {shaping}
+  max_throttle_ms: {bound}
+  users:
+    <default>: {{producer_ids_rate: 1}}
+  clients:
+    <default>: {{producer_byte_rate: 30000, controller_mutation_rate: 2, request_percentage: 20}}
+  topics:
+    t: {{producer.byte.rate: 50000}}
+"""
+PRODUCER_SETUPS = [
+    (SIDECAR, False),
+    (SIDECAR + PRODUCER_QUOTAS.format(shaping="steady", bound=5000), True),
+    (SIDECAR + PRODUCER_QUOTAS.format(shaping="kafka", bound="null"), False),
+]
+
+
+@pytest.mark.parametrize("setup", range(len(PRODUCER_SETUPS)), ids=["plain", "steady", "kafka"])
+def test_random_producer_and_admin_traffic_gets_every_answer_in_order(setup: int) -> None:
+    config, capture = PRODUCER_SETUPS[setup]
+    runs = [_random_traffic(seed, config, capture, PRODUCER_REQUESTS) for seed in range(40)]
+    failures = [f for f in runs if f is not None]
     assert not failures, failures[:3]
