@@ -353,13 +353,13 @@ def kafka_python_consumer(
     member: str = "",
 ) -> None:
     """A kafka-python member of ``group``; ``member`` names a second one (the rebalance), which
-    reports as ``group+member``."""
+    reports, and is seen by the proxy, as ``group+member``."""
     from kafka import KafkaConsumer
 
     name = f"{group}+{member}" if member else group
     _log_to(log_dir, name)
     consumer = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap, group_id=group, client_id=group, auto_offset_reset="earliest"
+        topic, bootstrap_servers=bootstrap, group_id=group, client_id=name, auto_offset_reset="earliest"
     )
     seen, errors = _Seen(progress), collections.Counter[str]()
     while not stop.is_set():
@@ -548,7 +548,10 @@ def scrape(proxy: Any, name: str, label: str) -> dict[str, float]:
 def group_connections(proxy: Any, group: str) -> list[dict[str, Any]]:
     """The proxy's rows for the connections whose client id is ``group`` (the soak's consumers
     use their group as client id): requests and bytes each way so far, in flight, paused."""
-    status, body = proxy.admin_get(f"/connections?client_id={group}&sort=age&limit=20")
+    try:  # asked when the proxy may be the one stuck: a failed ask is evidence too
+        status, body = proxy.admin_get(f"/connections?client_id={group}&sort=age&limit=20")
+    except OSError as exc:
+        return [{"error": repr(exc)}]
     if status != 200:
         return [{"error": f"HTTP {status}: {body[:200]}"}]
     keep = ("id", "broker", "age_s", "requests", "bytes_in", "bytes_out", "in_flight", "paused")

@@ -2,9 +2,10 @@
 warning for any that waits far longer than a Kafka request should.
 
 A client whose request is never answered sees nothing until its own request timeout (30 s for
-the Java and kafka-python 3 clients; a JoinGroup's is the group's rebalance timeout plus 5 s, 305 s
-by default), and a consumer group then goes quiet with no error. This tells at once whether such a request is waiting in the proxy (for the
-broker's answer, or behind a throttle) or was never sent to it.
+the Java and kafka-python 3 clients; a JoinGroup's is the group's rebalance timeout plus 5 s,
+305 s by default), and a consumer group then goes quiet with no error. This tells at once
+whether such a request is waiting in the proxy (for the broker's answer, or behind a throttle)
+or was never sent to it.
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ from proxy.ratelog import RateLimitedLog
 log = logging.getLogger(__name__)
 stall_log = RateLimitedLog(log, interval=60.0)
 
-# Longer than any answer a broker owes: a Fetch waits at most its max_wait (500 ms by default),
-# others answer at once, and the proxy's throttles are added to this. JoinGroup and SyncGroup wait
-# for the whole group, up to its rebalance timeout (a consumer's max.poll.interval.ms, 5 minutes by
-# default), so they are left out of the warning (not of the gauge).
-STALLED_SECONDS = 120.0
+# Longer than a broker takes to answer in health (a Fetch waits at most its max_wait, 500 ms by
+# default; a Produce or a topic change at most the timeout it carries, which clients set to their
+# request timeout), and shorter than the clients' 30 s request timeout, so it is said while the
+# client still waits (it closes the connection then). The proxy's throttles are added to this.
+# JoinGroup and SyncGroup wait for the whole group, up to its rebalance timeout (a consumer's
+# max.poll.interval.ms, 5 minutes by default), so they are left out of the warning (not of the
+# gauge).
+STALLED_SECONDS = 20.0
 _GROUP_WAITS = frozenset({ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP})
 
 

@@ -142,6 +142,14 @@ class Pipeline(ConnectionFlow):
             self.close(why, level=logging.INFO)
 
     async def _connect(self) -> None:
+        """Open the upstream connection (on the client's first bytes), then read what waited. A
+        task: a failure here would leave the client paused as "connecting" for good."""
+        try:
+            await self._open_upstream()
+        except Exception:
+            self.failed("connecting upstream or reading the first requests")
+
+    async def _open_upstream(self) -> None:
         server = self.server
         targets = server.brokers.upstream_for(self.node_id)
         if not targets:
@@ -200,15 +208,10 @@ class Pipeline(ConnectionFlow):
                 transport.pause_reading()
             unread, self._unread = self._unread, 0
             early, self._early = self._early, bytearray()
-            try:
-                if unread:  # before reading resumes: the decoder's buffer still holds them
-                    self.client_written(unread)
-                if early:  # then what was handed over meanwhile, in the order it came
-                    self.feed(early)
-            except Exception:  # a task: nothing else would close the connection (see _release_held)
-                log.exception("conn %d: the first requests failed", self.id)
-                self.close("the first requests failed")
-                return
+            if unread:  # before reading resumes: the decoder's buffer still holds them
+                self.client_written(unread)
+            if early:  # then what was handed over meanwhile, in the order it came
+                self.feed(early)
             if not self.closed:
                 self.resume_client("connecting")
             return
@@ -264,6 +267,7 @@ class Pipeline(ConnectionFlow):
         if self.closed:
             return
         self.closed = True
+        self._early = bytearray()
         if reason:
             log.log(level, "conn %d from %s on %s closed: %s", self.id, self.peer, self.listener.name, reason)
         # What was handled before the close still goes out, as it would have unbatched.
@@ -322,6 +326,10 @@ class Pipeline(ConnectionFlow):
         view = memoryview(data)
         while view and not self.closed:
             if self.upstream is None and self._connect_task is not None:
+                limit = self.server.cfg.max_frame_bytes
+                if len(self._early) + len(view) > limit:
+                    self.reject(f"over {limit} bytes sent before its upstream was up", "oversize")
+                    return
                 self._early += view
                 return
             buffer = self.requests.get_buffer()

@@ -87,18 +87,21 @@ class ConnectionFlow:
         self._client_pauses.discard(reason)
         self._release_held()
 
+    def failed(self, what: str) -> None:
+        """In an ``except`` block of a timer or a task: unlike a socket callback's, its exception
+        would close nothing, and the client would wait for good, its reads paused, on a request
+        never sent. A bug closes the connection instead, its traceback logged at ERROR."""
+        log.exception("conn %d: %s failed", self.id, what)
+        self.close(f"{what} failed")
+
     def _release_held(self) -> None:
         """Requests read while held go first, in order; one of them may hold the connection again.
-
-        This runs from a timer or a task (a mute ending, a stage's hold, the upstream coming up),
-        where an exception would close nothing: the client would wait for good on a request never
-        sent, its reads paused. So a failure here closes the connection, said at ERROR."""
+        Called from timers and tasks too (a mute ending, a stage's hold ending), hence the guard."""
         try:
             while self.held and not self.holding and not self.closed:
                 self._request(self.held.popleft())
         except Exception:
-            log.exception("conn %d: replaying a held request failed", self.id)
-            self.close("replaying a held request failed")
+            self.failed("replaying a held request")
             return
         if not self._client_pauses and not self.closed:
             self.client.resume_reading()
@@ -188,8 +191,7 @@ class ConnectionFlow:
         try:
             keep = await work
         except Exception:
-            log.exception("conn %d: %s failed", self.id, what)
-            self.close(f"{what} failed")
+            self.failed(what)
             return
         if not keep:
             self.release(reason)

@@ -165,7 +165,7 @@ def test_a_failure_decoding_the_first_requests_closes_the_connection(
     client.send(_frame(12, 3, 1, {"group_id": "g", "generation_id": 1, "member_id": "m-1"}))
     net.loop.settle()
     assert pipeline.closed and client.closed
-    assert any("the first requests failed" in r.getMessage() for r in proxy_log.records)
+    assert any("reading the first requests failed" in r.getMessage() for r in proxy_log.records)
     assert not any(isinstance(ctx.get("exception"), RuntimeError) for ctx in net.errors)
 
 
@@ -277,11 +277,12 @@ def _produce(acks: int) -> Callable[[], dict[str, Any]]:
     return body
 
 
-_names = iter(range(10**9))
+def _new_name() -> str:
+    return f"n{random.getrandbits(40)}"  # random.seed per scenario: the same names each run
 
 
 def _create() -> dict[str, Any]:
-    topic = {"name": f"n{next(_names)}", "num_partitions": 3, "replication_factor": 1}
+    topic = {"name": _new_name(), "num_partitions": 3, "replication_factor": 1}
     return {
         "topics": [topic | {"assignments": [], "configs": []}],
         "timeout_ms": 1000,
@@ -298,7 +299,7 @@ PRODUCER_REQUESTS: list[Request] = [
     (22, 4, lambda: {"transactional_id": None, "transaction_timeout_ms": 60000}, 2),
     (19, 7, _create, 1),
     (37, 3, lambda: {"topics": [{"name": "t", "count": 6, "assignments": None}], "timeout_ms": 1000}, 1),
-    (20, 6, lambda: {"topics": [{"name": f"n{next(_names)}", "topic_id": bytes(16)}], "timeout_ms": 1000}, 1),
+    (20, 6, lambda: {"topics": [{"name": _new_name(), "topic_id": bytes(16)}], "timeout_ms": 1000}, 1),
 ]
 
 
@@ -359,8 +360,8 @@ class _Broker:
         data, self.read_to = self.transport.written[self.read_to :], len(self.transport.written)
         for frame in self.decoder.feed(data):
             key, version, correlation = struct.unpack_from(">hhi", frame, 0)
-            body = memoryview(frame)[parse_request_header(frame).size :]
-            if key != 0 or messages.read_produce_acks(version, body) != 0:  # acks=0: no answer
+            request = memoryview(frame)[parse_request_header(frame).size :]
+            if key != 0 or messages.read_produce_acks(version, request) != 0:  # acks=0: no answer
                 self.todo.append((key, version, correlation))
         out = bytearray()
         for key, version, correlation in self.todo[:count]:
@@ -386,11 +387,17 @@ class _Broker:
 
 
 def _random_traffic(seed: int, config: str, capture: bool, workload: list[Request]) -> str | None:
-    """One scenario; what went wrong, or None."""
+    """One scenario (``seed`` alone decides it); what went wrong, or None."""
     rng = random.Random(seed)
     random.seed(seed)  # the request bodies' own choices
     net = _Net(config, capture)
-    consumers = [_Client(net, rng, workload) for _ in range(rng.randint(1, 3))]
+    try:
+        return _play(seed, net, rng, [_Client(net, rng, workload) for _ in range(rng.randint(1, 3))])
+    finally:
+        net.loop.close()
+
+
+def _play(seed: int, net: _Net, rng: random.Random, clients: list[_Client]) -> str | None:
     brokers: dict[int, _Broker] = {}
 
     def settle() -> None:
@@ -398,38 +405,37 @@ def _random_traffic(seed: int, config: str, capture: bool, workload: list[Reques
         for transport in net.upstreams:
             pipeline = transport.protocol.pipeline  # type: ignore[attr-defined]
             brokers.setdefault(id(pipeline), _Broker(transport, rng))
-        for consumer in consumers:
-            consumer.read()
+        for client in clients:
+            client.read()
 
     settle()
     for _step in range(rng.randint(20, 200)):
-        consumer, r = rng.choice(consumers), rng.random()
+        client, r = rng.choice(clients), rng.random()
         if r < 0.4:
-            consumer.send_some()
-        elif r < 0.8 and id(consumer.pipeline) in brokers:
-            brokers[id(consumer.pipeline)].answer(rng.randint(1, 3))
+            client.send_some()
+        elif r < 0.8 and id(client.pipeline) in brokers:
+            brokers[id(client.pipeline)].answer(rng.randint(1, 3))
         else:
             net.loop.advance(rng.choice([0.001, 0.05, 0.3, 1.0, 3.0]))
         settle()
-    # The consumers stop; the broker answers everything; the clock runs on (throttles, waits end).
+    # The clients stop; the broker answers everything; the clock runs on (throttles, waits end).
     for _ in range(3000):
-        if not any(c.waiting for c in consumers):
+        if not any(c.waiting for c in clients):
             break
-        for consumer in consumers:
-            if id(consumer.pipeline) in brokers:
-                brokers[id(consumer.pipeline)].answer(100)
+        for client in clients:
+            if id(client.pipeline) in brokers:
+                brokers[id(client.pipeline)].answer(100)
         net.loop.advance(0.5)
         settle()
     if net.errors:
         return f"seed {seed}: {net.errors[0].get('message')} {net.errors[0].get('exception')!r}"
-    for consumer in consumers:
-        p = consumer.pipeline
-        if consumer.errors or consumer.waiting or p.closed:
+    for client in clients:
+        p = client.pipeline
+        if client.errors or client.waiting or p.closed:
             return (
-                f"seed {seed}: answers {consumer.errors[:3]}, unanswered {consumer.waiting[:5]}, "
+                f"seed {seed}: answers {client.errors[:3]}, unanswered {client.waiting[:5]}, "
                 f"closed={p.closed} pauses={p.pause_reasons} held={len(p.held)} in_flight={len(p.in_flight)}"
             )
-    net.loop.close()
     return None
 
 
