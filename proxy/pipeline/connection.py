@@ -43,6 +43,7 @@ from quota.exemptions import parse_address
 from quota.keys import ANONYMOUS
 
 log = logging.getLogger(__name__)
+_CONNECTION_RATE = "connection-rate"  # the pause of a connection over its IP's creation rate
 unreachable_log = RateLimitedLog(log)
 _ids = itertools.count(1)
 
@@ -121,7 +122,7 @@ class Pipeline(ConnectionFlow):
         if hold_ms:
             # KIP-612: an IP over its connection rate is accepted but never read from, and closed
             # once the throttle time has passed; other IPs are not affected.
-            self.pause_client("connection-rate")
+            self.pause_client(_CONNECTION_RATE)
             self._mute_handle = self.loop.call_later(
                 hold_ms / 1000.0,
                 lambda: self.close(f"over connection_creation_rate, held {hold_ms} ms", level=logging.INFO),
@@ -322,7 +323,10 @@ class Pipeline(ConnectionFlow):
         """Bytes already read from the client, handed over as the socket would have read them
         (a PROXY header's tail, or what TLS decrypted before the pipeline existed). While the
         upstream connects the decoder takes nothing past the first bytes (they wait in its
-        buffer, undecoded), so the rest waits here until it is up."""
+        buffer, undecoded), so the rest waits here until it is up. A connection over its IP's
+        connection rate is never read from (KIP-612), and what was read for it is not used."""
+        if _CONNECTION_RATE in self._client_pauses:
+            return
         view = memoryview(data)
         while view and not self.closed:
             if self.upstream is None and self._connect_task is not None:

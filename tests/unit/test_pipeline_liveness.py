@@ -150,6 +150,22 @@ def test_bytes_handed_over_while_the_upstream_connects_all_reach_it_in_order() -
     assert not pipeline.closed and not net.errors
 
 
+def test_bytes_handed_over_for_a_connection_over_its_rate_are_not_used() -> None:
+    """KIP-612: a connection over its IP's connection rate is accepted and never read from;
+    what TLS decrypted for it before the pipeline existed opens no upstream either."""
+    net = _Net(SIDECAR + "quotas:\n  ips:\n    <default>: {connection_creation_rate: 0.1}\n")
+    net.connect()  # within the rate
+    held, _client = net.connect()
+    assert held.pause_reasons == ["connection-rate"]
+
+    async def hand_over() -> None:
+        held.feed(_frame(12, 3, 1, {"group_id": "g", "generation_id": 1, "member_id": "m-1"}))
+
+    net.loop.run_until_complete(hand_over())
+    net.loop.settle()
+    assert net.upstreams == [] and held.requests_in == 0
+
+
 def test_a_failure_decoding_the_first_requests_closes_the_connection(
     monkeypatch: pytest.MonkeyPatch, proxy_log: pytest.LogCaptureFixture
 ) -> None:
