@@ -1,7 +1,8 @@
 """A request the proxy has read is forwarded, answered or its connection closed: never left
 waiting with the connection open. A real Pipeline on in-memory transports (fuzz/fakenet.py),
-driven by hand for the cases found, and by seeded random consumer traffic (pipelined requests,
-throttles, waits, streamed answers, a clock that jumps) for the property."""
+driven by hand for the cases found, and by seeded random client traffic (consumers, producers,
+clients logging in with SASL; pipelined requests, throttles, waits, streamed answers, a clock
+that jumps) for the property."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from protocol.frames import (
     encode_request_header,
     encode_response_header,
     parse_request_header,
+    response_header_size,
 )
 from proxy.config import parse_config
 from proxy.net.transports import ClientProtocol
@@ -361,28 +363,116 @@ class _Client:
             want = self.waiting.pop(0) if self.waiting else None
             if got != want:
                 self.errors.append(f"answer {got} while waiting for {want}")
+            self.answered(got, frame)
+
+    def answered(self, correlation: int, frame: bytearray) -> None:
+        """What the client does with an answer, past checking its order: nothing here."""
+
+
+USERS = ["alice", "bob", "carol"]  # carol has no quota of her own: the <default> user's
+MECHANISMS = ["PLAIN", "SCRAM-SHA-256"]
+_SCRAM_NONCE = b"fyko+d2lbbFgONRv9qkxdawL"
+# What the fake broker advertises in ApiVersions: (api key, min, max).
+_BROKER_APIS = [(0, 3, 11), (1, 4, 17), (3, 0, 12), (17, 0, 1), (18, 0, 4), (36, 0, 2)]
+# Login requests: (api key, version, body).
+Step = tuple[int, int, dict[str, Any]]
+
+
+class _SaslClient(_Client):
+    """A client of a SASL listener: ApiVersions, SaslHandshake, then SaslAuthenticate (one round
+    for PLAIN, two for SCRAM), each sent only once the one before is answered, as Kafka clients
+    do; its workload only after. Late in the session the broker granted it logs in again
+    (KIP-368): behind its requests in flight, as the Java client does, then nothing else until
+    that login is answered. The proxy must have named the connection after each login."""
+
+    def __init__(self, net: _Net, rng: random.Random, workload: list[Request], user: str) -> None:
+        super().__init__(net, rng, workload)
+        self.loop, self.user, self.mechanism = net.loop, user, rng.choice(MECHANISMS)
+        self.steps: list[Step] = []  # the login's requests not sent yet
+        self.step: tuple[int, int, int] | None = None  # (correlation, key, version) answer awaited
+        self.logins = 0
+        self.reauth_at = 0.0  # when the session runs out (inf: it never does)
+
+    def _login(self, first: bool) -> None:
+        if self.mechanism == "PLAIN":
+            rounds = [b"\x00" + self.user.encode() + b"\x00secret"]
+        else:
+            nonce = _SCRAM_NONCE
+            rounds = [
+                b"n,,n=" + self.user.encode() + b",r=" + nonce,
+                b"c=biws,r=" + nonce + b"srv,p=cHJvb2Y=",
+            ]
+        versions = {"client_software_name": "kafka-python", "client_software_version": "3.0"}
+        self.steps = [(18, 3, versions)] if first else []
+        self.steps += [(17, 1, {"mechanism": self.mechanism})] + [(36, 2, {"auth_bytes": b}) for b in rounds]
+        self._next_step()
+
+    def _next_step(self) -> None:
+        key, version, body = self.steps.pop(0)
+        self.correlation += 1
+        self.step = (self.correlation, key, version)
+        self.waiting.append(self.correlation)
+        _split_sends(self.rng, self.transport, bytearray(_frame(key, version, self.correlation, body)))
+
+    def send_some(self) -> None:
+        if self.step is not None:
+            return  # logging in
+        if not self.logins:
+            self._login(first=True)
+        elif self.loop.time() >= self.reauth_at:
+            self._login(first=False)
+        else:
+            super().send_some()
+
+    def answered(self, correlation: int, frame: bytearray) -> None:
+        if self.step is None or correlation != self.step[0]:
+            return
+        _correlation, key, version = self.step
+        body = messages.decode_response(
+            key, version, memoryview(frame)[response_header_size(key, version, frame) :]
+        )
+        if body["error_code"]:
+            self.errors.append(f"login answered with error {body['error_code']}")
+        if self.steps:
+            self._next_step()
+            return
+        self.step = None
+        self.logins += 1
+        lifetime = body["session_lifetime_ms"] / 1000
+        self.reauth_at = (
+            self.loop.time() + lifetime * self.rng.uniform(0.85, 0.95) if lifetime else float("inf")
+        )
+        if self.pipeline.user != self.user:
+            self.errors.append(f"logged in as {self.user}, the proxy says {self.pipeline.user}")
 
 
 class _Broker:
-    """Answers what reached it, in order, a few at a time; Fetch answers of random sizes."""
+    """Answers what reached it, in order, a few at a time; Fetch answers of random sizes; every
+    login succeeds, its session lasting a random time (none, or a few seconds: KIP-368)."""
 
     def __init__(self, transport: FakeTransport, rng: random.Random) -> None:
         self.transport, self.rng = transport, rng
         self.decoder = FrameDecoder(2**31 - 1)
         self.read_to = 0
-        self.todo: list[tuple[int, int, int]] = []
+        self.todo: list[tuple[int, int, int, int]] = []  # key, version, correlation, SASL round
+        self.mechanism, self.rounds = "", 0
 
     def answer(self, count: int) -> None:
         data, self.read_to = self.transport.written[self.read_to :], len(self.transport.written)
         for frame in self.decoder.feed(data):
             key, version, correlation = struct.unpack_from(">hhi", frame, 0)
             request = memoryview(frame)[parse_request_header(frame).size :]
+            if key == 17:
+                self.mechanism, self.rounds = messages.decode_request(key, version, request)["mechanism"], 0
+            self.rounds += key == 36
             if key != 0 or messages.read_produce_acks(version, request) != 0:  # acks=0: no answer
-                self.todo.append((key, version, correlation))
+                self.todo.append((key, version, correlation, self.rounds))
         out = bytearray()
-        for key, version, correlation in self.todo[:count]:
+        for key, version, correlation, sasl_round in self.todo[:count]:
             body: dict[str, Any] = {}
-            if key == 1:
+            if key in (17, 18, 36):
+                body = self._login_answer(key, sasl_round)
+            elif key == 1:
                 size = self.rng.choice(FETCH_SIZES)
                 batch = struct.pack(">qi", 0, max(size, 61) - 12) + bytes(max(size, 61) - 12)
                 partition = {
@@ -401,14 +491,39 @@ class _Broker:
         del self.todo[:count]
         _split_sends(self.rng, self.transport, out)
 
+    def _login_answer(self, key: int, sasl_round: int) -> dict[str, Any]:
+        if key == 18:
+            apis = [{"api_key": k, "min_version": lo, "max_version": hi} for k, lo, hi in _BROKER_APIS]
+            return {"error_code": 0, "api_keys": apis, "throttle_time_ms": 0}
+        if key == 17:
+            return {"error_code": 0, "mechanisms": MECHANISMS}
+        last = self.mechanism == "PLAIN" or sasl_round >= 2
+        if self.mechanism == "PLAIN":
+            auth = b""
+        elif sasl_round == 1:  # SCRAM's server-first message, then its server-final one
+            auth = b"r=" + _SCRAM_NONCE + b"srv,s=c2FsdA==,i=4096"
+        else:
+            auth = b"v=c2lnbmF0dXJl"
+        lifetime = self.rng.choice([0, 2000, 10000]) if last else 0
+        return {"error_code": 0, "error_message": None, "auth_bytes": auth, "session_lifetime_ms": lifetime}
 
-def _random_traffic(seed: int, config: str, capture: bool, workload: list[Request]) -> str | None:
-    """One scenario (``seed`` alone decides it); what went wrong, or None."""
+
+def _random_traffic(
+    seed: int, config: str, capture: bool, workload: list[Request], sasl: bool = False
+) -> str | None:
+    """One scenario (``seed`` alone decides it); what went wrong, or None. With ``sasl`` each
+    client logs in first, as a user of its own."""
     rng = random.Random(seed)
     random.seed(seed)  # the request bodies' own choices
     net = _Net(config, capture)
     try:
-        return _play(seed, net, rng, [_Client(net, rng, workload) for _ in range(rng.randint(1, 3))])
+        count = rng.randint(1, 3)
+        clients: list[_Client]
+        if sasl:
+            clients = [_SaslClient(net, rng, workload, USERS[i]) for i in range(count)]
+        else:
+            clients = [_Client(net, rng, workload) for _ in range(count)]
+        return _play(seed, net, rng, clients)
     finally:
         net.loop.close()
 
@@ -486,5 +601,44 @@ PRODUCER_SETUPS = [
 def test_random_producer_and_admin_traffic_gets_every_answer_in_order(setup: int) -> None:
     config, capture = PRODUCER_SETUPS[setup]
     runs = [_random_traffic(seed, config, capture, PRODUCER_REQUESTS) for seed in range(40)]
+    failures = [f for f in runs if f is not None]
+    assert not failures, failures[:3]
+
+
+# --- SASL: clients log in (PLAIN or SCRAM-SHA-256), then produce and fetch under user quotas --
+
+SASL_QUOTAS = """
+quotas:
+  window: {{num: 2, size_seconds: 1}}
+  fetch_shaping: {shaping}
+  produce_shaping: {shaping}
+  max_throttle_ms: {bound}
+  users:
+    alice: {{producer_byte_rate: 20000, consumer_byte_rate: 20000}}
+    bob: {{producer_byte_rate: 40000, consumer_byte_rate: 30000, request_percentage: 20}}
+    <default>: {{producer_byte_rate: 30000, consumer_byte_rate: 40000, request_percentage: 20}}
+"""
+SASL_SETUPS = [
+    (SIDECAR, False),
+    (SIDECAR + SASL_QUOTAS.format(shaping="steady", bound=5000), True),
+    (SIDECAR + SASL_QUOTAS.format(shaping="steady", bound="null"), False),
+    (SIDECAR + SASL_QUOTAS.format(shaping="kafka", bound="null"), True),
+]
+SASL_IDS = ["no-quotas", "bounded", "unbounded", "kafka"]
+# What a logged-in producer and consumer send, by weight.
+SASL_REQUESTS: list[Request] = [
+    (0, 9, _produce(1), 6),
+    (0, 9, _produce(0), 1),
+    (1, 11, _fetch, 6),
+    (3, 12, lambda: {"topics": None, "allow_auto_topic_creation": False}, 1),
+]
+
+
+@pytest.mark.parametrize("setup", range(len(SASL_SETUPS)), ids=SASL_IDS)
+def test_random_sasl_traffic_gets_every_answer_in_order(setup: int) -> None:
+    """The user a login names is known only once the broker accepts it, and re-logins come
+    between throttled requests: no login, nor what follows it, may be left waiting."""
+    config, capture = SASL_SETUPS[setup]
+    runs = [_random_traffic(seed, config, capture, SASL_REQUESTS, sasl=True) for seed in range(40)]
     failures = [f for f in runs if f is not None]
     assert not failures, failures[:3]
