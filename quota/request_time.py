@@ -29,18 +29,22 @@ PERCENT_PER_SECOND = 100.0  # Kafka: nanos * 100 / 1e9, so one second of time is
 # AlterPartition 56. A client never legitimately sends them; when one fails its cluster
 # authorization Kafka charges it after all.
 CLUSTER_ACTION_API_KEYS: frozenset[int] = frozenset({4, 5, 6, 7, 27, 56})
+# A SASL login, and a KIP-368 re-login, is read by the broker's authenticator in its network
+# layer and never reaches the request handlers or their quota: SaslHandshake 17, SaslAuthenticate 36.
+SASL_API_KEYS: frozenset[int] = frozenset({17, 36})
 
 _PRODUCE, _FETCH = 0, 1
 
 
 def exempt(api_key: int, *, acks: int | None = None, replica_id: int = -1) -> bool:
     """Whether Kafka leaves this request out of the request quota: produce with acks=0 (no
-    response to throttle), a follower's fetch (replica id >= 0) and the cluster actions."""
+    response to throttle), a follower's fetch (replica id >= 0), the cluster actions and the
+    SASL login's requests."""
     if api_key == _PRODUCE:
         return acks == 0
     if api_key == _FETCH:
         return replica_id >= 0
-    return api_key in CLUSTER_ACTION_API_KEYS
+    return api_key in CLUSTER_ACTION_API_KEYS or api_key in SASL_API_KEYS
 
 
 def seconds_to_percentage(seconds: float) -> float:

@@ -131,3 +131,4 @@ def test_exempt_requests_follow_kafka() -> None:
     assert exempt(1, replica_id=2) and not exempt(1, replica_id=-1)
     assert exempt(4) and exempt(27) and exempt(56)  # LeaderAndIsr, WriteTxnMarkers, AlterPartition
     assert not exempt(3) and not exempt(18)  # Metadata, ApiVersions are charged
+    assert exempt(17) and exempt(36)  # a SASL login (and re-login) is the authenticator's, not charged
