@@ -14,8 +14,8 @@ from protocol import messages
 from protocol.frames import SIZE, RequestHeader, encode_request_header
 
 
-def produce_request(topic: str, correlation_id: int, payload: bytes, client_id: str = "bench") -> bytearray:
-    """One framed Produce v9 request (acks=1) carrying a 1-record batch for partition 0."""
+def record_batch(value: bytes, timestamp_ms: int | None = None) -> bytes:
+    """A v2 record batch (no producer id, uncompressed) of one record carrying ``value``."""
     from kafka.record.default_records import DefaultRecordBatchBuilder
 
     builder = DefaultRecordBatchBuilder(
@@ -27,12 +27,18 @@ def produce_request(topic: str, correlation_id: int, payload: bytes, client_id: 
         base_sequence=-1,
         batch_size=1 << 20,
     )
-    builder.append(0, timestamp=int(time.time() * 1000), key=None, value=payload, headers=[])
+    when = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+    builder.append(0, timestamp=when, key=None, value=value, headers=[])
+    return bytes(builder.build())
+
+
+def produce_request(topic: str, correlation_id: int, payload: bytes, client_id: str = "bench") -> bytearray:
+    """One framed Produce v9 request (acks=1) carrying a 1-record batch for partition 0."""
     body = {
         "transactional_id": None,
         "acks": 1,
         "timeout_ms": 30000,
-        "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": bytes(builder.build())}]}],
+        "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": record_batch(payload)}]}],
     }
     frame = encode_request_header(RequestHeader(0, 9, correlation_id, client_id, 0))
     frame += messages.encode(0, 9, body, response=False)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from dev.loadgen import record_batch
 from fuzz.fakenet import FakeTransport, FuzzLoop
 from fuzz.pipeline_target import _Capture, _Catalog, _listener
 from protocol import messages
@@ -265,19 +266,7 @@ _BATCHES: dict[int, bytes] = {}
 def _batch(size: int) -> bytes:
     """A record batch of about ``size`` bytes (built once per size: the builder is slow)."""
     if size not in _BATCHES:
-        from kafka.record.default_records import DefaultRecordBatchBuilder
-
-        builder = DefaultRecordBatchBuilder(
-            magic=2,
-            compression_type=0,
-            is_transactional=False,
-            producer_id=-1,
-            producer_epoch=-1,
-            base_sequence=-1,
-            batch_size=1 << 20,
-        )
-        builder.append(0, timestamp=1_700_000_000_000, key=None, value=bytes(size), headers=[])
-        _BATCHES[size] = bytes(builder.build())
+        _BATCHES[size] = record_batch(bytes(size), timestamp_ms=1_700_000_000_000)
     return _BATCHES[size]
 
 
@@ -570,12 +559,17 @@ def _play(seed: int, net: _Net, rng: random.Random, clients: list[_Client]) -> s
     return None
 
 
-@pytest.mark.parametrize("setup", range(len(SETUPS)), ids=["plain", "bounded", "unbounded", "kafka"])
-def test_random_consumer_traffic_gets_every_answer_in_order(setup: int) -> None:
-    config, capture = SETUPS[setup]
-    runs = [_random_traffic(seed, config, capture, CONSUMER_REQUESTS) for seed in range(60)]
+def _assert_every_seed(
+    seeds: int, config: str, capture: bool, workload: list[Request], sasl: bool = False
+) -> None:
+    runs = [_random_traffic(seed, config, capture, workload, sasl=sasl) for seed in range(seeds)]
     failures = [f for f in runs if f is not None]
     assert not failures, failures[:3]
+
+
+@pytest.mark.parametrize("setup", range(len(SETUPS)), ids=["plain", "bounded", "unbounded", "kafka"])
+def test_random_consumer_traffic_gets_every_answer_in_order(setup: int) -> None:
+    _assert_every_seed(60, *SETUPS[setup], CONSUMER_REQUESTS)
 
 
 PRODUCER_QUOTAS = """
@@ -599,10 +593,7 @@ PRODUCER_SETUPS = [
 
 @pytest.mark.parametrize("setup", range(len(PRODUCER_SETUPS)), ids=["plain", "steady", "kafka"])
 def test_random_producer_and_admin_traffic_gets_every_answer_in_order(setup: int) -> None:
-    config, capture = PRODUCER_SETUPS[setup]
-    runs = [_random_traffic(seed, config, capture, PRODUCER_REQUESTS) for seed in range(40)]
-    failures = [f for f in runs if f is not None]
-    assert not failures, failures[:3]
+    _assert_every_seed(40, *PRODUCER_SETUPS[setup], PRODUCER_REQUESTS)
 
 
 # --- SASL: clients log in (PLAIN or SCRAM-SHA-256), then produce and fetch under user quotas --
@@ -638,7 +629,4 @@ SASL_REQUESTS: list[Request] = [
 def test_random_sasl_traffic_gets_every_answer_in_order(setup: int) -> None:
     """The user a login names is known only once the broker accepts it, and re-logins come
     between throttled requests: no login, nor what follows it, may be left waiting."""
-    config, capture = SASL_SETUPS[setup]
-    runs = [_random_traffic(seed, config, capture, SASL_REQUESTS, sasl=True) for seed in range(40)]
-    failures = [f for f in runs if f is not None]
-    assert not failures, failures[:3]
+    _assert_every_seed(40, *SASL_SETUPS[setup], SASL_REQUESTS, sasl=True)
