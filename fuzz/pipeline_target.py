@@ -153,6 +153,20 @@ class _Pipeline(Pipeline):
     stream_from = 600  # inputs are small: large-frame streaming must be fuzzed too
 
 
+def in_memory_server(cfg: ProxyConfig, loop: FuzzLoop, capture: bool = False) -> ProxyServer:
+    """A ProxyServer for the in-memory transports: on ``loop``'s clock, a cluster that is a stub
+    (no broker answers its own queries), no listeners opened, a capture sink keeping nothing."""
+    server = ProxyServer(cfg)
+    server.catalog = _Catalog()  # type: ignore[assignment]
+    server.topic_lookup.catalog = server.catalog
+    server.brokers.on_new_node = None  # gateway mode would open real listeners
+    server.enforcer.clock = loop.time
+    if capture:
+        server.capture = _Capture()  # type: ignore[assignment]
+        server.stages = proxy_stages(server)
+    return server
+
+
 class PipelineFuzzer:
     """One loop and one ProxyServer per setup, reused across inputs (as a proxy is)."""
 
@@ -173,15 +187,7 @@ class PipelineFuzzer:
         self.loop.settle()
 
     def _server(self, cfg: ProxyConfig, capture: bool) -> ProxyServer:
-        server = ProxyServer(cfg)
-        server.catalog = _Catalog()  # type: ignore[assignment]
-        server.topic_lookup.catalog = server.catalog
-        server.brokers.on_new_node = None  # gateway mode would open real listeners
-        server.enforcer.clock = self.loop.time
-        if capture:
-            server.capture = _Capture()  # type: ignore[assignment]
-            server.stages = proxy_stages(server)
-        return server
+        return in_memory_server(cfg, self.loop, capture)
 
     def _connect(self, server: ProxyServer) -> tuple[Pipeline, FakeTransport]:
         listener = next(iter(server.listeners.values()), None) or _listener(server)

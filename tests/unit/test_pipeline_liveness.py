@@ -16,7 +16,7 @@ import pytest
 
 from dev.loadgen import record_batch
 from fuzz.fakenet import FakeTransport, FuzzLoop
-from fuzz.pipeline_target import _Capture, _Catalog, _listener
+from fuzz.pipeline_target import _listener, in_memory_server
 from protocol import messages
 from protocol.frames import (
     FrameDecoder,
@@ -29,9 +29,7 @@ from protocol.frames import (
 from proxy.config import parse_config
 from proxy.net.transports import ClientProtocol
 from proxy.pipeline.connection import Pipeline
-from proxy.pipeline.stages import proxy_stages
 from proxy.pipeline.stages.group_requests import GroupRequestStage
-from proxy.server import ProxyServer
 
 SIDECAR = (
     "mode: sidecar\nsidecar: {listen_port: 19092, upstream: '127.0.0.1:9092'}\n"
@@ -51,14 +49,7 @@ class _Net:
         self.loop = FuzzLoop()
         self.errors: list[dict[str, object]] = []
         self.loop.set_exception_handler(lambda _loop, ctx: self.errors.append(ctx))
-        self.server = ProxyServer(parse_config(config))
-        self.server.catalog = _Catalog()  # type: ignore[assignment]
-        self.server.topic_lookup.catalog = self.server.catalog
-        self.server.brokers.on_new_node = None
-        self.server.enforcer.clock = self.loop.time
-        if capture:
-            self.server.capture = _Capture()  # type: ignore[assignment]
-            self.server.stages = proxy_stages(self.server)
+        self.server = in_memory_server(parse_config(config), self.loop, capture)
         self.upstreams: list[FakeTransport] = []
         self.loop.on_connection = self.upstreams.append
 
@@ -82,16 +73,8 @@ def _frame(api_key: int, version: int, correlation_id: int, body: dict[str, obje
 
 
 def _join(correlation_id: int) -> bytes:
-    body = {
-        "group_id": "g",
-        "session_timeout_ms": 10000,
-        "rebalance_timeout_ms": 300000,
-        "member_id": "",
-        "group_instance_id": None,
-        "protocol_type": "consumer",
-        "protocols": [{"name": "range", "metadata": b""}],
-    }
-    return _frame(11, 5, correlation_id, body)
+    """A new member's JoinGroup v5."""
+    return _frame(11, 5, correlation_id, _join_body(""))
 
 
 def _correlation_ids(written: bytes | bytearray) -> list[int]:
