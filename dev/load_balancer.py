@@ -31,7 +31,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -263,11 +263,21 @@ class HAProxy:
     def pin(self, server_index: int) -> None:
         """New connections on every frontend go to server ``server_index`` only (the others are
         put in maintenance); connections already open stay where they are."""
-        for fe in self.frontends:
+        self.route({fe.name: server_index for fe in self.frontends})
+
+    def route(self, routes: Mapping[str, int]) -> None:
+        """New connections on each frontend named in ``routes`` go to its one server there (the
+        frontend's others are put in maintenance); other frontends and open connections are left
+        as they are. ``unpin`` spreads them again."""
+        by_name = {fe.name: fe for fe in self.frontends}
+        for name, server_index in routes.items():
+            fe = by_name.get(name)
+            if fe is None:
+                raise KeyError(f"no frontend {name!r}: there are {sorted(by_name)}")
             if not 0 <= server_index < len(fe.servers):
-                raise IndexError(f"frontend {fe.name} has no server {server_index}")
+                raise IndexError(f"frontend {name} has no server {server_index}")
             for i in range(len(fe.servers)):
-                self._set_state(fe.name, i, "ready" if i == server_index else "maint")
+                self._set_state(name, i, "ready" if i == server_index else "maint")
 
     def unpin(self) -> None:
         """Every server takes new connections again."""
@@ -467,6 +477,12 @@ class GatewayReplicas:
     def pin(self, index: int) -> None:
         """All new connections go to replica ``index``; ``unpin`` spreads them again."""
         self.lb.pin(index)
+
+    def steer(self, replica_by_broker: Mapping[int, int]) -> None:
+        """New connections to broker ``node``'s port go to replica ``replica_by_broker[node]`` only
+        (bootstrap and other ports as they were): a test that needs one client's connections on
+        given replicas, whatever the round robins' positions; ``unpin`` spreads them again."""
+        self.lb.route({f"broker-{node}": index for node, index in replica_by_broker.items()})
 
     def unpin(self) -> None:
         self.lb.unpin()

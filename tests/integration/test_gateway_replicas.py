@@ -134,6 +134,19 @@ def produced(gw: GatewayReplicas, index: int) -> float:
     return gw.metric(index, "kthrottle_request_bytes_total", {"api": "Produce"})
 
 
+def fetched(gw: GatewayReplicas, index: int) -> float:
+    return gw.metric(index, "kthrottle_response_bytes_total", {"api": "Fetch"})
+
+
+def producing_on_every_replica(gw: GatewayReplicas, client_id: str) -> bool:
+    """Every replica has a broker connection of ``client_id`` that carried a 16 KiB value."""
+    for replica in gw.replicas:
+        rows = json.loads(replica.admin_get(f"/connections?client_id={client_id}")[1])["connections"]
+        if not any(row["broker"] is not None and row["bytes_in"] >= 16384 for row in rows):
+            return False
+    return True
+
+
 @dataclass
 class SpreadRuns:
     """The spread producer (beside a client whose quota is per replica) and the spread consumer,
@@ -172,9 +185,9 @@ def _consume_spread(bootstrap: str, topic: str, seconds: float) -> list[tuple[fl
 
 @pytest.fixture(scope="module")
 def spread_runs(kafka_cluster3: KafkaCluster, gateway: GatewayReplicas) -> SpreadRuns:
-    """A producer greedy for three times its quota and a greedy consumer, each with its
-    connections on all three replicas, side by side; 2 s after the spread producer, a producer
-    whose quota says ``scope: instance``."""
+    """A producer greedy for three times its quota, a producer whose quota says ``scope:
+    instance`` and a greedy consumer, started in that order, each with a broker connection on
+    every replica, side by side."""
     produce_topic = topic_over_three_brokers(kafka_cluster3, "gw-spread")
     fetch_topic = topic_over_three_brokers(kafka_cluster3, "gw-fetch")
     # Three bursts and 30 s of the quota, with room: never runs dry. Half before the consumer
@@ -191,15 +204,25 @@ def spread_runs(kafka_cluster3: KafkaCluster, gateway: GatewayReplicas) -> Sprea
         thread.start()
         return thread
 
+    # Each client's broker connections are steered one to each replica, a different one for each
+    # client, and spread again once they are open: left to the round robins, one client's
+    # connections land wherever the others' left them, and could all reach one replica.
+    nodes = sorted(gateway.broker_ports)
+
+    def placed(shift: int, started: Any) -> None:
+        gateway.steer({node: (k + shift) % 3 for k, node in enumerate(nodes)})
+        try:
+            wait_for(started, gateway, 30)
+        finally:
+            gateway.unpin()
+
     threads = [run("spread", lambda: produce(gateway.bootstrap, produce_topic, "spread-p", 3 * QUOTA, 22))]
-    # The spread client connects first and alone (one connection to each port, each port's round
-    # robin at a different replica): started together, the consumer's connections raced it to the
-    # ports and could leave one replica without any of the producer's. The others' go where the
-    # round robins are then.
-    wait_for(lambda: all(produced(gateway, i) > before[i] for i in range(3)), gateway, 15)
-    threads.append(run("fetch", lambda: _consume_spread(gateway.bootstrap, fetch_topic, 30)))
-    time.sleep(max(0.0, start + 2 - time.monotonic()))
+    placed(0, lambda: all(produced(gateway, i) > before[i] for i in range(3)))
     threads.append(run("alone", lambda: produce(gateway.bootstrap, produce_topic, "alone-p", 2 * QUOTA, 22)))
+    placed(1, lambda: producing_on_every_replica(gateway, "alone-p"))
+    fetched_before = [fetched(gateway, i) for i in range(3)]
+    threads.append(run("fetch", lambda: _consume_spread(gateway.bootstrap, fetch_topic, 30)))
+    placed(2, lambda: all(fetched(gateway, i) > fetched_before[i] for i in range(3)))
     time.sleep(max(0.0, start + 20 - time.monotonic()))
     # Read while the client produces (its rates fade once it stops).
     views = [
@@ -214,7 +237,7 @@ def spread_runs(kafka_cluster3: KafkaCluster, gateway: GatewayReplicas) -> Sprea
         [produced(gateway, i) - before[i] for i in range(3)],
         views,
         result["fetch"],
-        [gateway.metric(i, "kthrottle_response_bytes_total", {"api": "Fetch"}) for i in range(3)],
+        [fetched(gateway, i) - fetched_before[i] for i in range(3)],
     )
 
 
@@ -234,15 +257,17 @@ def test_one_client_spread_over_three_replicas_is_held_to_one_quota(spread_runs:
     assert alone_rate > 1.5 * QUOTA, alone_rate / QUOTA  # one quota per replica, as asked
 
 
-def _fill(cluster: KafkaCluster, topic: str, mebibytes: int) -> None:
+def _fill(cluster: KafkaCluster, topic: str, mebibytes: int, partitions: int = 6) -> None:
+    """``mebibytes`` of 16 KiB values, spread evenly over the partitions (librdkafka's sticky
+    partitioner sends each batch to one partition: a partition could run dry within the run)."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": cluster.bootstrap_servers, "linger.ms": 20, "batch.size": MiB})
     value = b"v" * 16384
-    for _ in range(mebibytes * 64):
+    for i in range(mebibytes * 64):
         while True:
             try:
-                producer.produce(topic, value)
+                producer.produce(topic, value, partition=i % partitions)
                 break
             except BufferError:
                 producer.poll(0.1)
@@ -262,11 +287,13 @@ def test_one_consumer_spread_over_three_replicas_is_held_to_one_quota(spread_run
     rate = statistics.linear_regression([t for t, _ in steady], [n for _, n in steady]).slope
     per_second = [round((b[1] - a[1]) / MiB, 2) for a, b in zip(marks[::5], marks[5::5], strict=False)]
     # Answers of about 1 MiB (a partition's max) on three connections, in lumps after a long
-    # pay-back: over 10 s the rate read varies from 0.83 to 1.07 of the quota from run to run.
+    # pay-back: over 10 s the rate read varies from 0.94 to 1.05 of the quota from run to run.
+    # (Filled by librdkafka's sticky partitioner, the partitions were uneven and so was the
+    # consumer's split over the replicas, down to 4 MB of 70 on one; one such run read 1.33.)
     # Held to one quota for the three replicas, not three (the 5% figure is bench/cluster_quota.py's,
     # over 30 s): never more than 10% over, and served.
     assert 0.8 * QUOTA <= rate <= 1.1 * QUOTA, (rate / QUOTA, marks[-1][1] / MiB, per_second)
-    assert sum(1 for f in spread_runs.fetched if f > 0) >= 2, spread_runs.fetched
+    assert all(f > 0 for f in spread_runs.fetched), spread_runs.fetched  # through every replica
 
 
 def _steps(bootstrap: str, client_id: str, *args: str) -> list[tuple[str, int, int]]:
