@@ -51,6 +51,7 @@ compute_only=(
   tests/unit/test_decode_memory.py tests/unit/test_volume_message.py tests/unit/test_frame_decoder.py
   tests/unit/test_proxy_header.py tests/unit/test_metadata_topics.py tests/unit/test_capture_writer.py
   tests/unit/test_capture_kafka.py tests/unit/test_fuzz.py tests/unit/test_pipeline_liveness.py
+  tests/unit/test_request_time_login.py
 )
 pytest_began=$SECONDS
 temp=$(mktemp -d "${TMPDIR:-/tmp}/kthrottle-test.XXXXXX")

@@ -183,6 +183,32 @@ def test_failed_login_is_never_charged(sasl_cluster: KafkaCluster, tmp_path: Pat
     assert end_offset(sasl_cluster, topic) == 0, "a record from a refused login was written"
 
 
+@pytest.mark.timeout(120)
+def test_logging_in_is_charged_to_no_one(sasl_cluster: KafkaCluster, tmp_path: Path) -> None:
+    """Under a <default> user request_percentage, librdkafka producers log in as bob: the
+    ApiVersions each connection opens with (Kafka's authenticator answers it before the login)
+    and the login itself count against no one, so ANONYMOUS, which every connection still logging
+    in would share, has used nothing; what they send after it is bob's."""
+    topic = f"sasl-logins-{uuid.uuid4().hex[:6]}"
+    sasl_cluster.create_topic(topic)
+    cfg = _proxy_config(sasl_cluster)
+    cfg["quotas"] = {"window": WINDOW, "users": {"<default>": {"request_percentage": 50}}}
+    with ProxyProcess(cfg, workdir=tmp_path) as proxy:
+        for _ in range(5):
+            producer = _producer(proxy.bootstrap, "bob", USERS["bob"], "SCRAM-SHA-256", "logins")
+            producer.produce(topic, b"z" * 1024)  # type: ignore[attr-defined]
+            assert producer.flush(30) == 0  # type: ignore[attr-defined]
+
+        def used(user: str) -> dict[str, Any]:
+            answer = proxy.admin_get(f"/quotas/entity?user={user}&client_id=logins")[1]
+            return dict(json.loads(answer)["request_percentage"])
+
+        anonymous, bob = used("ANONYMOUS"), used("bob")
+        assert bob["percentage"] > 0, bob  # its Metadata and Produce requests
+        assert anonymous["quota"] == 50 and anonymous["percentage"] == 0.0, anonymous
+    assert end_offset(sasl_cluster, topic) == 5
+
+
 SASL_AUTHENTICATION_FAILED = 58
 
 
