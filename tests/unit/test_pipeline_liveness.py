@@ -2,7 +2,7 @@
 waiting with the connection open. A real Pipeline on in-memory transports (fuzz/fakenet.py),
 driven by hand for the cases found, and by seeded random client traffic (consumers, producers,
 clients logging in with SASL; pipelined requests, throttles, waits, streamed answers, a clock
-that jumps) for the property."""
+that jumps, a client or its broker hanging up) for the property."""
 
 from __future__ import annotations
 
@@ -314,6 +314,7 @@ class _Client:
         self.decoder = FrameDecoder(2**31 - 1)
         self.read_to = 0
         self.errors: list[str] = []
+        self.gone = False  # hung up, or its broker connection did
 
     def send_some(self) -> None:
         out = bytearray()
@@ -481,10 +482,11 @@ class _Broker:
 
 
 def _random_traffic(
-    seed: int, config: str, capture: bool, workload: list[Request], sasl: bool = False
+    seed: int, config: str, capture: bool, workload: list[Request], sasl: bool = False, hangups: bool = False
 ) -> str | None:
     """One scenario (``seed`` alone decides it); what went wrong, or None. With ``sasl`` each
-    client logs in first, as a user of its own."""
+    client logs in first, as a user of its own; with ``hangups`` a client or its broker may hang
+    up at any point."""
     rng = random.Random(seed)
     random.seed(seed)  # the request bodies' own choices
     net = _Net(config, capture)
@@ -495,12 +497,14 @@ def _random_traffic(
             clients = [_SaslClient(net, rng, workload, USERS[i]) for i in range(count)]
         else:
             clients = [_Client(net, rng, workload) for _ in range(count)]
-        return _play(seed, net, rng, clients)
+        return _play(seed, net, rng, clients, hangups)
     finally:
         net.loop.close()
 
 
-def _play(seed: int, net: _Net, rng: random.Random, clients: list[_Client]) -> str | None:
+def _play(
+    seed: int, net: _Net, rng: random.Random, clients: list[_Client], hangups: bool = False
+) -> str | None:
     brokers: dict[int, _Broker] = {}
 
     def settle() -> None:
@@ -514,7 +518,16 @@ def _play(seed: int, net: _Net, rng: random.Random, clients: list[_Client]) -> s
     settle()
     for _step in range(rng.randint(20, 200)):
         client, r = rng.choice(clients), rng.random()
-        if r < 0.4:
+        if client.gone:
+            net.loop.advance(rng.choice([0.001, 0.05, 0.3, 1.0, 3.0]))
+        elif hangups and r < 0.03:
+            client.gone = True
+            broker = brokers.get(id(client.pipeline))
+            if broker is not None and rng.random() < 0.5:
+                broker.transport.hang_up()  # the broker's side: a restart, an idle timeout
+            else:
+                client.transport.hang_up()
+        elif r < 0.4:
             client.send_some()
         elif r < 0.8 and id(client.pipeline) in brokers:
             brokers[id(client.pipeline)].answer(rng.randint(1, 3))
@@ -523,10 +536,10 @@ def _play(seed: int, net: _Net, rng: random.Random, clients: list[_Client]) -> s
         settle()
     # The clients stop; the broker answers everything; the clock runs on (throttles, waits end).
     for _ in range(3000):
-        if not any(c.waiting for c in clients):
+        if not any(c.waiting for c in clients if not c.gone):
             break
         for client in clients:
-            if id(client.pipeline) in brokers:
+            if id(client.pipeline) in brokers and not client.gone:
                 brokers[id(client.pipeline)].answer(100)
         net.loop.advance(0.5)
         settle()
@@ -534,6 +547,14 @@ def _play(seed: int, net: _Net, rng: random.Random, clients: list[_Client]) -> s
         return f"seed {seed}: {net.errors[0].get('message')} {net.errors[0].get('exception')!r}"
     for client in clients:
         p = client.pipeline
+        if client.gone:
+            # Either side's hang-up closes both, and the proxy lets the connection go.
+            broker = brokers.get(id(p))
+            if not (p.closed and client.transport.closed) or (broker and not broker.transport.closed):
+                return f"seed {seed}: a hang-up left closed={p.closed} client={client.transport.closed}"
+            if p in net.server.pipelines:
+                return f"seed {seed}: a connection hung up is still among the server's pipelines"
+            continue
         if client.errors or client.waiting or p.closed:
             return (
                 f"seed {seed}: answers {client.errors[:3]}, unanswered {client.waiting[:5]}, "
@@ -543,9 +564,9 @@ def _play(seed: int, net: _Net, rng: random.Random, clients: list[_Client]) -> s
 
 
 def _assert_every_seed(
-    seeds: int, config: str, capture: bool, workload: list[Request], sasl: bool = False
+    seeds: int, config: str, capture: bool, workload: list[Request], sasl: bool = False, hangups: bool = False
 ) -> None:
-    runs = [_random_traffic(seed, config, capture, workload, sasl=sasl) for seed in range(seeds)]
+    runs = [_random_traffic(seed, config, capture, workload, sasl, hangups) for seed in range(seeds)]
     failures = [f for f in runs if f is not None]
     assert not failures, failures[:3]
 
@@ -613,3 +634,23 @@ def test_random_sasl_traffic_gets_every_answer_in_order(setup: int) -> None:
     """The user a login names is known only once the broker accepts it, and re-logins come
     between throttled requests: no login, nor what follows it, may be left waiting."""
     _assert_every_seed(40, *SASL_SETUPS[setup], SASL_REQUESTS, sasl=True)
+
+
+# --- hang-ups: a client, or its broker connection, gone at any point -------------------------
+
+
+@pytest.mark.parametrize(
+    ("workload", "setup"),
+    [("consumer", 1), ("consumer", 3), ("producer", 1), ("sasl", 1)],
+    ids=["consumer-bounded", "consumer-kafka", "producer-steady", "sasl-bounded"],
+)
+def test_a_hang_up_closes_its_connection_and_leaves_the_others_answered(workload: str, setup: int) -> None:
+    """A connection whose client or broker hangs up, with requests held, muted, in flight or
+    half read, is closed on both sides and let go; the other connections of the same client id
+    (sharing its buckets, its holds) still get every answer, in order."""
+    if workload == "consumer":
+        _assert_every_seed(40, *SETUPS[setup], CONSUMER_REQUESTS, hangups=True)
+    elif workload == "producer":
+        _assert_every_seed(40, *PRODUCER_SETUPS[setup], PRODUCER_REQUESTS, hangups=True)
+    else:
+        _assert_every_seed(40, *SASL_SETUPS[setup], SASL_REQUESTS, sasl=True, hangups=True)
