@@ -14,6 +14,9 @@ Prints per-round figures, then one JSON line of medians over the rounds:
                               workload (5,000 msg/s of 1 KiB, about 8.5 records per request)
   small_request_cpu_us        the same, CPU microseconds per request: six syscalls (two epoll
                               waits, two reads, two writes) and nothing else
+  small_request_uvloop_cpu_us the same requests through a relay on uvloop's transports and
+                              buffered protocols, as kthrottle reads and writes (the same
+                              syscalls): what its event loop costs before kthrottle's own code
 
 Usage: python bench/relay_floor.py [--rounds 3]
 """
@@ -106,6 +109,48 @@ def selector_relay(upstream: socket.socket, downstream: socket.socket) -> None:
             key.data.sendall(data)
 
 
+def uvloop_relay(upstream: socket.socket, downstream: socket.socket) -> None:
+    """The selector relay's work on uvloop's transports and buffered protocols, as kthrottle
+    reads and writes: each read into a buffer of the protocol's, copied out and written to the
+    other side. What the event loop costs before any of kthrottle's own code runs."""
+    import asyncio
+
+    import uvloop
+
+    class Side(asyncio.BufferedProtocol):
+        def __init__(self, done: asyncio.Future[None]) -> None:
+            self.buffer = bytearray(1 << 18)
+            self.view = memoryview(self.buffer)
+            self.done = done
+            self.transport: asyncio.Transport | None = None
+            self.peer: Side | None = None
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport  # type: ignore[assignment]
+
+        def get_buffer(self, sizehint: int) -> memoryview:
+            return self.view
+
+        def buffer_updated(self, nbytes: int) -> None:
+            assert self.peer is not None and self.peer.transport is not None
+            self.peer.transport.write(self.buffer[:nbytes])
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if not self.done.done():
+                self.done.set_result(None)
+
+    async def relay() -> None:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        front, back = Side(done), Side(done)
+        front.peer, back.peer = back, front
+        await loop.connect_accepted_socket(lambda: back, downstream)
+        await loop.connect_accepted_socket(lambda: front, upstream)
+        await done
+
+    uvloop.run(relay())
+
+
 def bulk(relay: Callable[[socket.socket, socket.socket], None]) -> float:
     """CPU seconds per GB of the relay moving BULK_BYTES one way."""
     sink = listener()
@@ -130,8 +175,9 @@ def bulk(relay: Callable[[socket.socket, socket.socket], None]) -> float:
     return cpu / (BULK_BYTES / 1e9)
 
 
-def small() -> float:
-    """CPU seconds of the relay for SMALL_RATE * SMALL_SECONDS request/response pairs."""
+def small(relay: Callable[[socket.socket, socket.socket], None] | None = None) -> float:
+    """CPU seconds of ``relay`` (the selector relay by default) for SMALL_RATE * SMALL_SECONDS
+    request/response pairs."""
     server_socket = listener()
 
     def serve() -> None:
@@ -160,7 +206,7 @@ def small() -> float:
 
     server = threading.Thread(target=serve)
     server.start()
-    cpu = relay_cpu(selector_relay, client, server_socket)
+    cpu = relay_cpu(relay or selector_relay, client, server_socket)
     server.join()
     return cpu
 
@@ -176,23 +222,26 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    copies, splices, smalls = [], [], []
+    copies, splices, smalls, uvloop_smalls = [], [], [], []
     requests = SMALL_RATE * SMALL_SECONDS
     for rnd in range(args.rounds):
         copies.append(bulk(copy_relay))
         splices.append(bulk(splice_relay))
         smalls.append(small())
+        uvloop_smalls.append(small(uvloop_relay))
         print(
             f"round {rnd}: copy {copies[-1]:.3f} s/GB, splice {splices[-1]:.3f} s/GB, "
-            f"small requests {smalls[-1] / (requests * SMALL_REQUEST / 1e9):.2f} s/GB",
+            f"small requests {smalls[-1] / requests * 1e6:.1f} us each "
+            f"(on uvloop {uvloop_smalls[-1] / requests * 1e6:.1f} us)",
             flush=True,
         )
-    small_cpu = statistics.median(smalls)
+    small_cpu, uvloop_cpu = statistics.median(smalls), statistics.median(uvloop_smalls)
     figures = {
         "bulk_copy_cpu_s_per_gb": round(statistics.median(copies), 3),
         "bulk_splice_cpu_s_per_gb": round(statistics.median(splices), 3),
         "small_request_cpu_s_per_gb": round(small_cpu / (requests * SMALL_REQUEST / 1e9), 2),
         "small_request_cpu_us": round(small_cpu / requests * 1e6, 1),
+        "small_request_uvloop_cpu_us": round(uvloop_cpu / requests * 1e6, 1),
         "rounds": args.rounds,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
