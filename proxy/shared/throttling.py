@@ -420,6 +420,12 @@ class QuotaEnforcer:
             )
         return decision.throttle_ms
 
+    def record_request_time(self, user: str, client_id: str, seconds: float) -> None:
+        """Charge the upstream time of a request already answered (an opening ApiVersions,
+        charged once the next request showed no SASL login follows): the bucket holds it, and
+        the requests after it meet its throttle; none is reported for it."""
+        self.request_time.record(user, client_id, seconds, self.now_ms())
+
     # --- consumer-group guard rails --------------------------------------------------------
 
     def group_request_wait(self, key: str, user: str, client_id: str, api: str, exempt: bool = False) -> int:

@@ -543,10 +543,15 @@ def _play(
                 brokers[id(client.pipeline)].answer(100)
         net.loop.advance(0.5)
         settle()
+    # The timers of connections gone (mutes, waits, held requests) run out too.
+    net.loop.advance(60.0)
+    settle()
     if net.errors:
         return f"seed {seed}: {net.errors[0].get('message')} {net.errors[0].get('exception')!r}"
     for client in clients:
         p = client.pipeline
+        if client.errors:
+            return f"seed {seed}: answers {client.errors[:3]}"
         if client.gone:
             # Either side's hang-up closes both, and the proxy lets the connection go.
             broker = brokers.get(id(p))

@@ -94,3 +94,45 @@ def test_a_connection_closed_after_its_api_versions_is_charged() -> None:
         assert _anonymous_percentage(net) > 1.0
     finally:
         net.loop.close()
+
+
+def _exchange(net: _Net, client: FakeTransport, broker: _Broker, frame: bytes, busy: float) -> None:
+    client.send(frame)
+    net.loop.settle()
+    net.loop.advance(busy)
+    broker.answer(1)
+    net.loop.settle()
+
+
+def test_only_the_first_request_can_be_the_one_before_a_login() -> None:
+    """Kafka's authenticator takes one ApiVersions and fails a connection that sends another:
+    a second one says no SASL login is coming, and both are charged."""
+    net = _Net(REQUEST_QUOTA)
+    try:
+        _pipeline, client, broker = _opened(net)
+        _exchange(net, client, broker, _frame(18, 3, 2, VERSIONS), 0.05)
+        assert _anonymous_percentage(net) > 4.0, "both ApiVersions' 50 ms"
+        assert _throttles(client, (18, 3, None))[2] > 0
+    finally:
+        net.loop.close()
+
+
+def test_an_api_versions_later_in_the_connection_is_charged_whoever_saw_its_start() -> None:
+    """request_percentage turned on by a reload mid-connection: the stage never saw the
+    connection's first request, and an ApiVersions now, even before a SaslHandshake (a KIP-368
+    re-login), is charged as any request."""
+    from proxy.config import parse_config
+    from proxy.reload import apply
+
+    net = _Net(SIDECAR)
+    try:
+        _pipeline, client, broker = _opened(net)
+        key, version, body = METADATA
+        _exchange(net, client, broker, _frame(key, version, 2, body), 0.0)
+        apply(net.server, parse_config(REQUEST_QUOTA))
+        _exchange(net, client, broker, _frame(18, 3, 3, VERSIONS), 0.05)
+        key, version, body = HANDSHAKE
+        _exchange(net, client, broker, _frame(key, version, 4, body), 0.0)
+        assert _anonymous_percentage(net) > 1.0
+    finally:
+        net.loop.close()

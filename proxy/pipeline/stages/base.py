@@ -227,6 +227,7 @@ class Connection(Protocol):
     loop: asyncio.AbstractEventLoop
     closed: bool
     in_flight: deque[InFlight]
+    requests_in: int  # requests read and counted so far (forwarded or answered)
 
     def exempt(self, client_id: str) -> bool: ...
     def read_client_id(self, req: Request) -> None: ...

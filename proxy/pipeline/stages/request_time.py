@@ -6,7 +6,8 @@ The ApiVersions a client opens its connection with is charged once the proxy kno
 of listener it went to. On a SASL listener Kafka's authenticator answers it before the login,
 and no request quota counts it; on any other, KafkaApis charges it as any request. The
 request after it tells which: a SaslHandshake, or anything else (clients wait for the
-ApiVersions answer before they send it)."""
+ApiVersions answer before they send it). Only the connection's first request can be that
+ApiVersions: the authenticator takes one, and fails a connection that sends another."""
 
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ class RequestTimeStage(Stage):
     def __init__(self, conn: Connection, enforcer: QuotaEnforcer) -> None:
         self.conn = conn
         self.enforcer = enforcer
-        # Until the first request that is not an ApiVersions: the opening ApiVersions' correlation
-        # ids, and the times of those answered (client id, seconds, exempt), not charged yet.
+        # Until the request after the connection's first: the correlation id of that first
+        # request when it is an ApiVersions, and its time once answered (client id, seconds).
         self._opening: set[int] | None = set()
-        self._opening_times: list[tuple[str, float, bool]] = []
-        self._answered_late: set[int] = set()  # those still in flight when the opening ended
+        self._opening_times: list[tuple[str, float]] = []
+        self._answered_late: set[int] = set()  # still in flight when the opening ended
         self._logged_in = False  # the opening ended with a SaslHandshake
 
     def request_keys(self) -> Collection[int] | None:
@@ -39,8 +40,8 @@ class RequestTimeStage(Stage):
         key = req.header.api_key
         opening = self._opening
         if opening is not None:
-            if key == ApiKey.API_VERSIONS:
-                opening.add(req.header.correlation_id)
+            if key == ApiKey.API_VERSIONS and not opening and self.conn.requests_in == 0:
+                opening.add(req.header.correlation_id)  # the connection's first request
             else:
                 self._end_opening(sasl=key == ApiKey.SASL_HANDSHAKE)
         if key in _PARKED_APIS or not self.enforcer.request_time_charged(key, req.acks):
@@ -55,7 +56,7 @@ class RequestTimeStage(Stage):
         exempt = entry.exempt
         if entry.api_key == ApiKey.API_VERSIONS and self._opening_request(entry.correlation_id):
             if self._opening is not None:  # which listener is not known yet
-                self._opening_times.append((entry.client_id, entry.busy, exempt))
+                self._opening_times.append((entry.client_id, entry.busy))
                 return False
             if self._logged_in:
                 return False
@@ -87,5 +88,5 @@ class RequestTimeStage(Stage):
         times, self._opening_times = self._opening_times, []
         if sasl:
             return
-        for client_id, seconds, exempt in times:
-            self.enforcer.on_request_time(self.conn.user, client_id, ApiKey.API_VERSIONS, seconds, exempt)
+        for client_id, seconds in times:
+            self.enforcer.record_request_time(self.conn.user, client_id, seconds)
