@@ -270,13 +270,14 @@ class HAProxy:
         frontend's others are put in maintenance); other frontends and open connections are left
         as they are. ``unpin`` spreads them again."""
         by_name = {fe.name: fe for fe in self.frontends}
-        for name, server_index in routes.items():
+        for name, server_index in routes.items():  # all checked before any is changed
             fe = by_name.get(name)
             if fe is None:
                 raise KeyError(f"no frontend {name!r}: there are {sorted(by_name)}")
             if not 0 <= server_index < len(fe.servers):
                 raise IndexError(f"frontend {name} has no server {server_index}")
-            for i in range(len(fe.servers)):
+        for name, server_index in routes.items():
+            for i in range(len(by_name[name].servers)):
                 self._set_state(name, i, "ready" if i == server_index else "maint")
 
     def unpin(self) -> None:

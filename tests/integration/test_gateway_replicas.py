@@ -209,20 +209,41 @@ def spread_runs(kafka_cluster3: KafkaCluster, gateway: GatewayReplicas) -> Sprea
     # connections land wherever the others' left them, and could all reach one replica.
     nodes = sorted(gateway.broker_ports)
 
-    def placed(shift: int, started: Any) -> None:
-        gateway.steer({node: (k + shift) % 3 for k, node in enumerate(nodes)})
+    def placed(shift: int, name: str, work: Any, started: Any) -> threading.Thread:
+        """Steer, start the client, wait until it reached every replica, spread again."""
         try:
+            gateway.steer({node: (k + shift) % 3 for k, node in enumerate(nodes)})
+            thread = run(name, work)
             wait_for(started, gateway, 30)
         finally:
             gateway.unpin()
+        return thread
 
-    threads = [run("spread", lambda: produce(gateway.bootstrap, produce_topic, "spread-p", 3 * QUOTA, 22))]
-    placed(0, lambda: all(produced(gateway, i) > before[i] for i in range(3)))
-    threads.append(run("alone", lambda: produce(gateway.bootstrap, produce_topic, "alone-p", 2 * QUOTA, 22)))
-    placed(1, lambda: producing_on_every_replica(gateway, "alone-p"))
+    threads = [
+        placed(
+            0,
+            "spread",
+            lambda: produce(gateway.bootstrap, produce_topic, "spread-p", 3 * QUOTA, 22),
+            lambda: all(produced(gateway, i) > before[i] for i in range(3)),
+        ),
+        placed(
+            1,
+            "alone",
+            lambda: produce(gateway.bootstrap, produce_topic, "alone-p", 2 * QUOTA, 22),
+            lambda: producing_on_every_replica(gateway, "alone-p"),
+        ),
+    ]
+    # Both producers' rates are read from start + 8 s: they must be in place by then.
+    assert time.monotonic() < start + 8, f"the producers took {time.monotonic() - start:.1f} s to place"
     fetched_before = [fetched(gateway, i) for i in range(3)]
-    threads.append(run("fetch", lambda: _consume_spread(gateway.bootstrap, fetch_topic, 30)))
-    placed(2, lambda: all(fetched(gateway, i) > fetched_before[i] for i in range(3)))
+    threads.append(
+        placed(
+            2,
+            "fetch",
+            lambda: _consume_spread(gateway.bootstrap, fetch_topic, 30),
+            lambda: all(fetched(gateway, i) > fetched_before[i] for i in range(3)),
+        )
+    )
     time.sleep(max(0.0, start + 20 - time.monotonic()))
     # Read while the client produces (its rates fade once it stops).
     views = [
