@@ -16,13 +16,15 @@ import os
 import sys
 from pathlib import Path
 
-# The per-request path, sans-IO: frame splitting and headers, the Produce scan, record batch
+# The per-request path, sans-IO: frame splitting and headers, the Produce scan and acks, the
+# look for NodeEndpoints at the end of every Produce v10+ and Fetch v16+ answer, record batch
 # headers, and the byte-rate quota tables with what they call per request; and the walk of a
 # large Metadata answer's topics, which runs on the event loop.
 COMPILED = (
     "protocol/api_keys.py",
     "protocol/frames.py",
     "protocol/metadata_topics.py",
+    "protocol/node_endpoints.py",
     "protocol/produce_scan.py",
     "protocol/records.py",
     "protocol/schema.py",

@@ -15,7 +15,7 @@ from protocol.api_keys import ApiKey, api_name, has_schema
 from protocol.errors import ErrorCode
 from protocol.metadata_topics import ZERO_TOPIC_ID
 from protocol.records import complete_size, iter_batches
-from protocol.schema import Buffer, SchemaError, message_codec, message_schema, read_uvarint
+from protocol.schema import Buffer, SchemaError, message_codec, message_schema
 from protocol.versions import ADDRESS_LEAKING_CAP, ADVERTISED_BELOW_ACCEPTED, DECODED_APIS, codec_versions
 
 _I32 = struct.Struct(">i")
@@ -309,28 +309,6 @@ def fetch_response_partitions(resp: dict[str, Any]) -> list[PartitionBytes]:
 
 def produce_acks(req: dict[str, Any]) -> int:
     return int(req.get("acks", -1))
-
-
-_FIRST_COMPACT_PRODUCE = 9  # Produce v9+ is a flexible version: compact strings
-
-
-def read_produce_acks(version: int, body: Buffer) -> int:
-    """A Produce request's acks without decoding the request: what a connection with nothing to
-    charge needs (acks=0 has no response). v0-2 begin with acks; v3+ put a nullable
-    transactional_id before it."""
-    pos = 0
-    if version >= 3:
-        if version >= _FIRST_COMPACT_PRODUCE:
-            length, pos = read_uvarint(body, 0)
-            length -= 1  # compact: 0 is null
-        else:
-            length = _I16.unpack_from(body, 0)[0]
-            pos = 2
-        if length > 0:
-            pos += length
-    if pos + 2 > len(body):
-        raise SchemaError("Produce request truncated before acks")
-    return int(_I16.unpack_from(body, pos)[0])
 
 
 def is_known_response_error(code: int) -> bool:

@@ -92,6 +92,25 @@ def produce_partitions(version: int, body: Buffer) -> list[PartitionBytes]:
     return out
 
 
+def read_produce_acks(version: int, body: Buffer) -> int:
+    """A Produce request's acks without decoding the request: what a connection with nothing to
+    charge needs (acks=0 has no response). v0-2 begin with acks; v3+ put a nullable
+    transactional_id before it."""
+    pos = 0
+    if version >= 3:
+        if version >= _FIRST_FLEXIBLE:
+            length, pos = _uvarint(body, 0)
+            length -= 1  # compact: 0 is null
+        else:
+            length = _I16.unpack_from(body, 0)[0]
+            pos = 2
+        if length > 0:
+            pos += length
+    if pos + 2 > len(body):
+        raise SchemaError("Produce request truncated before acks")
+    return int(_I16.unpack_from(body, pos)[0])
+
+
 def _uvarint(body: Buffer, pos: int) -> tuple[int, int]:
     """A varint, the one-byte case (nearly every length here) without a call."""
     b = body[pos]

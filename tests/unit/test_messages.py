@@ -10,6 +10,7 @@ from protocol import messages
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.frames import FrameDecoder, FrameTooLarge, parse_request_header
+from protocol.produce_scan import read_produce_acks
 from protocol.records import iter_batches, producer_ids
 from protocol.schema import UNKNOWN_TAGS
 from protocol.versions import codec_versions
@@ -253,4 +254,4 @@ def test_produce_acks_read_without_decoding(acks: int, transactional_id: str | N
         }
         wire = messages.encode(ApiKey.PRODUCE, version, req, response=False)
         expected = messages.produce_acks(messages.decode_request(ApiKey.PRODUCE, version, wire))
-        assert messages.read_produce_acks(version, wire) == expected == acks, f"v{version}"
+        assert read_produce_acks(version, wire) == expected == acks, f"v{version}"

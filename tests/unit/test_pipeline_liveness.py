@@ -26,6 +26,7 @@ from protocol.frames import (
     parse_request_header,
     response_header_size,
 )
+from protocol.produce_scan import read_produce_acks
 from proxy.config import parse_config
 from proxy.net.transports import ClientProtocol
 from proxy.pipeline.connection import Pipeline
@@ -438,7 +439,7 @@ class _Broker:
             if key == 17:
                 self.mechanism, self.rounds = messages.decode_request(key, version, request)["mechanism"], 0
             self.rounds += key == 36
-            if key != 0 or messages.read_produce_acks(version, request) != 0:  # acks=0: no answer
+            if key != 0 or read_produce_acks(version, request) != 0:  # acks=0: no answer
                 self.todo.append((key, version, correlation, self.rounds))
         out = bytearray()
         for key, version, correlation, sasl_round in self.todo[:count]:

@@ -9,6 +9,7 @@ import struct
 from dev.loadgen import produce_request
 from fuzz.pipeline_target import shared_fuzzer
 from protocol.frames import FrameDecoder
+from protocol.produce_scan import read_produce_acks
 
 SIDECAR = b"\x00"  # the fuzzer's first setup: a sidecar without quotas
 
@@ -140,17 +141,16 @@ def test_a_streamed_fetch_never_shows_the_client_a_broker_address() -> None:
 def test_every_forwarded_request_is_counted_acks_zero_and_streamed_included() -> None:
     """kthrottle_requests_total and request bytes count what went upstream, whether a response
     comes (acks=1), none does (acks=0), or the frame was streamed (split across reads)."""
-    from protocol import messages
     from protocol.api_keys import ApiKey
     from protocol.frames import parse_request_header
 
     small = bytes(produce_request("t", 8, b"v" * 100, "counted"))
     header = parse_request_header(memoryview(small)[4:])
     acks_at = 4 + header.size + 1  # Produce v9: compact nullable transactional id (null: one byte)
-    assert messages.read_produce_acks(9, memoryview(small)[4 + header.size :]) == 1
+    assert read_produce_acks(9, memoryview(small)[4 + header.size :]) == 1
     acks_zero = bytearray(small)
     acks_zero[acks_at : acks_at + 2] = (0).to_bytes(2, "big")
-    assert messages.read_produce_acks(9, memoryview(acks_zero)[4 + header.size :]) == 0
+    assert read_produce_acks(9, memoryview(acks_zero)[4 + header.size :]) == 0
     large = bytes(produce_request("t", 9, bytes(range(256)) * 40, "counted"))
     data = SIDECAR + _rec(0, small) + _rec(0, bytes(acks_zero))
     for part in _split(large, 700, 3000):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from protocol import messages
 from protocol.api_keys import ApiKey
 from protocol.frames import RequestHeader, response_header_size
+from protocol.produce_scan import read_produce_acks
 from protocol.sasl import SaslTracker
 
 if TYPE_CHECKING:
@@ -132,9 +133,7 @@ class Request:
             if self._body is not None:
                 self._acks = messages.produce_acks(self._body)
             else:
-                self._acks = messages.read_produce_acks(
-                    header.api_version, memoryview(self.frame)[header.size :]
-                )
+                self._acks = read_produce_acks(header.api_version, memoryview(self.frame)[header.size :])
         return self._acks
 
     @property
