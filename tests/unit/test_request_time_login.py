@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import random
 import struct
+from collections.abc import Callable, Iterator
+
+import pytest
 
 from fuzz.fakenet import FakeTransport
 from protocol import messages
@@ -20,6 +23,20 @@ REQUEST_QUOTA = SIDECAR + (
 VERSIONS = {"client_software_name": "kafka-python", "client_software_version": "3.0"}
 HANDSHAKE = (17, 1, {"mechanism": "PLAIN"})
 METADATA = (3, 12, {"topics": None, "allow_auto_topic_creation": False})
+
+
+@pytest.fixture
+def nets() -> Iterator[Callable[[str], _Net]]:
+    """Makes proxies on in-memory loops, each closed after the test."""
+    made: list[_Net] = []
+
+    def make(config: str) -> _Net:
+        made.append(_Net(config))
+        return made[-1]
+
+    yield make
+    for net in made:
+        net.loop.close()
 
 
 def _anonymous_percentage(net: _Net) -> float:
@@ -53,49 +70,6 @@ def _opened(net: _Net) -> tuple[Pipeline, FakeTransport, _Broker]:
     return pipeline, client, broker
 
 
-def test_the_api_versions_before_a_sasl_login_is_not_charged() -> None:
-    net = _Net(REQUEST_QUOTA)
-    try:
-        _pipeline, client, broker = _opened(net)
-        key, version, body = HANDSHAKE
-        client.send(_frame(key, version, 2, body))
-        net.loop.settle()
-        broker.answer(1)
-        net.loop.settle()
-        assert _anonymous_percentage(net) == 0.0, "the authenticator answered it: no request quota"
-        assert _throttles(client, HANDSHAKE) == {1: 0, 2: 0}
-    finally:
-        net.loop.close()
-
-
-def test_the_api_versions_before_any_other_request_is_charged_with_it() -> None:
-    net = _Net(REQUEST_QUOTA)
-    try:
-        _pipeline, client, broker = _opened(net)
-        assert _throttles(client, METADATA) == {1: 0}, "not known yet which listener it reached"
-        key, version, body = METADATA
-        client.send(_frame(key, version, 2, body))
-        net.loop.settle()
-        assert _anonymous_percentage(net) > 1.0, "no SASL login: KafkaApis charged it"
-        broker.answer(1)
-        net.loop.settle()
-        assert _throttles(client, METADATA)[2] > 0, "its time throttles the requests after it"
-    finally:
-        net.loop.close()
-
-
-def test_a_connection_closed_after_its_api_versions_is_charged() -> None:
-    net = _Net(REQUEST_QUOTA)
-    try:
-        pipeline, client, _broker = _opened(net)
-        client.hang_up()
-        net.loop.settle()
-        assert pipeline.closed
-        assert _anonymous_percentage(net) > 1.0
-    finally:
-        net.loop.close()
-
-
 def _exchange(net: _Net, client: FakeTransport, broker: _Broker, frame: bytes, busy: float) -> None:
     client.send(frame)
     net.loop.settle()
@@ -104,35 +78,62 @@ def _exchange(net: _Net, client: FakeTransport, broker: _Broker, frame: bytes, b
     net.loop.settle()
 
 
-def test_only_the_first_request_can_be_the_one_before_a_login() -> None:
+def test_the_api_versions_before_a_sasl_login_is_not_charged(nets: Callable[[str], _Net]) -> None:
+    net = nets(REQUEST_QUOTA)
+    _pipeline, client, broker = _opened(net)
+    key, version, body = HANDSHAKE
+    _exchange(net, client, broker, _frame(key, version, 2, body), 0.0)
+    assert _anonymous_percentage(net) == 0.0, "the authenticator answered it: no request quota"
+    assert _throttles(client, HANDSHAKE) == {1: 0, 2: 0}
+
+
+def test_the_api_versions_before_any_other_request_is_charged_with_it(nets: Callable[[str], _Net]) -> None:
+    net = nets(REQUEST_QUOTA)
+    _pipeline, client, broker = _opened(net)
+    assert _throttles(client, METADATA) == {1: 0}, "not known yet which listener it reached"
+    key, version, body = METADATA
+    client.send(_frame(key, version, 2, body))
+    net.loop.settle()
+    assert _anonymous_percentage(net) > 1.0, "no SASL login: KafkaApis charged it"
+    broker.answer(1)
+    net.loop.settle()
+    assert _throttles(client, METADATA)[2] > 0, "its time throttles the requests after it"
+
+
+def test_a_connection_closed_after_its_api_versions_is_charged(nets: Callable[[str], _Net]) -> None:
+    net = nets(REQUEST_QUOTA)
+    pipeline, client, _broker = _opened(net)
+    client.hang_up()
+    net.loop.settle()
+    assert pipeline.closed
+    assert _anonymous_percentage(net) > 1.0
+
+
+def test_only_the_first_request_can_be_the_one_before_a_login(nets: Callable[[str], _Net]) -> None:
     """Kafka's authenticator takes one ApiVersions and fails a connection that sends another:
     a second one says no SASL login is coming, and both are charged."""
-    net = _Net(REQUEST_QUOTA)
-    try:
-        _pipeline, client, broker = _opened(net)
-        _exchange(net, client, broker, _frame(18, 3, 2, VERSIONS), 0.05)
-        assert _anonymous_percentage(net) > 4.0, "both ApiVersions' 50 ms"
-        assert _throttles(client, (18, 3, None))[2] > 0
-    finally:
-        net.loop.close()
+    net = nets(REQUEST_QUOTA)
+    _pipeline, client, broker = _opened(net)
+    _exchange(net, client, broker, _frame(18, 3, 2, VERSIONS), 0.05)
+    assert _anonymous_percentage(net) > 4.0, "both ApiVersions' 50 ms"
+    assert _throttles(client, (18, 3, None))[2] > 0
 
 
-def test_an_api_versions_later_in_the_connection_is_charged_whoever_saw_its_start() -> None:
+def test_an_api_versions_later_in_the_connection_is_charged_whoever_saw_its_start(
+    nets: Callable[[str], _Net],
+) -> None:
     """request_percentage turned on by a reload mid-connection: the stage never saw the
     connection's first request, and an ApiVersions now, even before a SaslHandshake (a KIP-368
     re-login), is charged as any request."""
     from proxy.config import parse_config
     from proxy.reload import apply
 
-    net = _Net(SIDECAR)
-    try:
-        _pipeline, client, broker = _opened(net)
-        key, version, body = METADATA
-        _exchange(net, client, broker, _frame(key, version, 2, body), 0.0)
-        apply(net.server, parse_config(REQUEST_QUOTA))
-        _exchange(net, client, broker, _frame(18, 3, 3, VERSIONS), 0.05)
-        key, version, body = HANDSHAKE
-        _exchange(net, client, broker, _frame(key, version, 4, body), 0.0)
-        assert _anonymous_percentage(net) > 1.0
-    finally:
-        net.loop.close()
+    net = nets(SIDECAR)
+    _pipeline, client, broker = _opened(net)
+    key, version, body = METADATA
+    _exchange(net, client, broker, _frame(key, version, 2, body), 0.0)
+    apply(net.server, parse_config(REQUEST_QUOTA))
+    _exchange(net, client, broker, _frame(18, 3, 3, VERSIONS), 0.05)
+    key, version, body = HANDSHAKE
+    _exchange(net, client, broker, _frame(key, version, 4, body), 0.0)
+    assert _anonymous_percentage(net) > 1.0

@@ -26,11 +26,12 @@ class RequestTimeStage(Stage):
     def __init__(self, conn: Connection, enforcer: QuotaEnforcer) -> None:
         self.conn = conn
         self.enforcer = enforcer
-        # Until the request after the connection's first: the correlation id of that first
-        # request when it is an ApiVersions, and its time once answered (client id, seconds).
-        self._opening: set[int] | None = set()
-        self._opening_times: list[tuple[str, float]] = []
-        self._answered_late: set[int] = set()  # still in flight when the opening ended
+        # Until the request after the connection's first shows which listener it reached: the
+        # correlation id of that first request when it is an ApiVersions (kept while it is in
+        # flight, decided or not), and its time once answered (client id, seconds).
+        self._deciding = True
+        self._opening_id: int | None = None
+        self._opening_time: tuple[str, float] | None = None
         self._logged_in = False  # the opening ended with a SaslHandshake
 
     def request_keys(self) -> Collection[int] | None:
@@ -38,10 +39,9 @@ class RequestTimeStage(Stage):
 
     def on_request(self, req: Request) -> bool:
         key = req.header.api_key
-        opening = self._opening
-        if opening is not None:
-            if key == ApiKey.API_VERSIONS and not opening and self.conn.requests_in == 0:
-                opening.add(req.header.correlation_id)  # the connection's first request
+        if self._deciding:
+            if key == ApiKey.API_VERSIONS and self._opening_id is None and self.conn.requests_in == 0:
+                self._opening_id = req.header.correlation_id  # the connection's first request
             else:
                 self._end_opening(sasl=key == ApiKey.SASL_HANDSHAKE)
         if key in _PARKED_APIS or not self.enforcer.request_time_charged(key, req.acks):
@@ -54,9 +54,10 @@ class RequestTimeStage(Stage):
     def on_response(self, resp: Response) -> bool:
         entry, enforcer = resp.entry, self.enforcer
         exempt = entry.exempt
-        if entry.api_key == ApiKey.API_VERSIONS and self._opening_request(entry.correlation_id):
-            if self._opening is not None:  # which listener is not known yet
-                self._opening_times.append((entry.client_id, entry.busy))
+        if entry.api_key == ApiKey.API_VERSIONS and entry.correlation_id == self._opening_id:
+            self._opening_id = None
+            if self._deciding:  # which listener is not known yet
+                self._opening_time = (entry.client_id, entry.busy)
                 return False
             if self._logged_in:
                 return False
@@ -70,23 +71,14 @@ class RequestTimeStage(Stage):
         without SASL would (a probe that only asks ApiVersions is still a request)."""
         self._end_opening(sasl=False)
 
-    def _opening_request(self, correlation_id: int) -> bool:
-        opening = self._opening if self._opening is not None else self._answered_late
-        if correlation_id in opening:
-            opening.discard(correlation_id)
-            return True
-        return False
-
     def _end_opening(self, *, sasl: bool) -> None:
-        """The opening is over: the ApiVersions times kept are dropped (a SASL login follows) or
-        charged now; those still in flight are judged the same way when answered. Their
-        throttle, if any, falls on the requests after them: the bucket holds their time."""
-        if self._opening is None:
+        """The opening is over: the ApiVersions time kept is dropped (a SASL login follows) or
+        charged now; one still in flight is judged the same way when answered. Its throttle, if
+        any, falls on the requests after it: the bucket holds its time."""
+        if not self._deciding:
             return
-        self._answered_late, self._opening = self._opening, None
+        self._deciding = False
         self._logged_in = sasl
-        times, self._opening_times = self._opening_times, []
-        if sasl:
-            return
-        for client_id, seconds in times:
-            self.enforcer.record_request_time(self.conn.user, client_id, seconds)
+        answered, self._opening_time = self._opening_time, None
+        if answered is not None and not sasl:
+            self.enforcer.record_request_time(self.conn.user, *answered)
