@@ -2,10 +2,10 @@
 
 `bench/passthrough.py`'s small_5k reads the proxy's CPU per request beside a Java producer and a
 Java broker on the same two cores, whose load moves the figure by a factor of two from round to
-round. Here the same shape of traffic goes through each contender in turn, in one run: a client
-thread sends real Produce v13 requests (about 9 KiB: six partitions' batches, as the Java
-producer's small_5k requests) at a steady rate, one in flight, and a responder thread answers each
-with a real Produce v13 response carrying its correlation id. The contenders:
+round. Here the same shape of traffic goes through each contender, in one run: a client thread
+sends real Produce v13 requests (about 9 KiB: six partitions' batches, as the Java producer's
+small_5k requests) at a steady rate, one in flight, and a responder thread answers each with a
+real Produce v13 response carrying its correlation id. The contenders:
 
   selector   the selector relay of bench/relay_floor.py (the floor of small_request_cpu_to_floor)
   uvloop     relay_floor's relay on uvloop's transports and buffered protocols, as kthrottle reads
@@ -13,11 +13,14 @@ with a real Produce v13 response carrying its correlation id. The contenders:
   kthrottle  `kthrottle run` in sidecar mode, no quotas (as passthrough.py runs it), this checkout
   baseline   the same from another checkout (``--baseline DIR``), side by side
 
-Each one's CPU (utime + stime, its own process) per request, over rounds in alternating order.
-Prints per-round figures, then one JSON line of medians:
+Each one runs at the same time as kthrottle, both driven at the rate by a thread of their own
+(one pair after another, each round): run apart, a run's CPU moves by a fifth from one window to
+the next on this machine; run together, the pair sees the same machine. CPU is utime + stime of
+each one's own process. Prints per-round figures, then one JSON line of medians:
 
-  <contender>_us_per_request       CPU microseconds per request/response pair
-  kthrottle_to_selector_relay      kthrottle over the selector relay
+  <contender>_us_per_request       CPU microseconds per request/response pair (two requests at a
+                                   time on two cores: higher than one alone)
+  kthrottle_to_selector_relay      kthrottle over the selector relay, window by window
   kthrottle_to_uvloop_relay        kthrottle over the uvloop relay (its own work, and its loop's)
   kthrottle_to_baseline            with --baseline
 
@@ -27,6 +30,7 @@ Usage: source dev/setup.sh && python bench/request_cost.py [--rounds 5] [--basel
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import socket
 import statistics
@@ -198,30 +202,54 @@ def main() -> None:
     for proxy, port in proxies.values():
         proxy.start()
         drive(("127.0.0.1", port), 300, args.rate * 10)  # its first connection's one-time work
-    runs: dict[str, Callable[[], float]] = {
+    others: dict[str, Callable[[], float]] = {
         "selector": lambda: relay_cost(relay_floor.selector_relay, responder, args.requests, args.rate),
         "uvloop": lambda: relay_cost(relay_floor.uvloop_relay, responder, args.requests, args.rate),
     }
-    for name, (proxy, port) in proxies.items():
-        runs[name] = lambda proxy=proxy, port=port: proxy_cost(proxy, port, args.requests, args.rate)  # type: ignore[misc]
-    costs: dict[str, list[float]] = {name: [] for name in runs}
+    proxy, port = proxies["kthrottle"]
+    ours = functools.partial(proxy_cost, proxy, port, args.requests, args.rate)
+    if "baseline" in proxies:
+        others["baseline"] = functools.partial(proxy_cost, *proxies["baseline"], args.requests, args.rate)
+    costs: dict[str, list[float]] = {name: [] for name in ["kthrottle", *others]}
+    ratios: dict[str, list[float]] = {name: [] for name in others}
     try:
         for rnd in range(args.rounds):
-            order = list(runs) if rnd % 2 == 0 else list(reversed(runs))
-            for name in order:
-                costs[name].append(runs[name]() / args.requests * 1e6)
-            done = ", ".join(f"{name} {costs[name][-1]:.1f}" for name in runs)
+            for name, other in others.items():
+                mine, theirs = together(ours, other)
+                costs["kthrottle"].append(mine / args.requests * 1e6)
+                costs[name].append(theirs / args.requests * 1e6)
+                ratios[name].append(mine / theirs)
+            done = ", ".join(
+                f"{name} {costs[name][-1]:.1f} (kthrottle {ratios[name][-1]:.2f}x)" for name in others
+            )
             print(f"round {rnd}: us per request: {done}", flush=True)
     finally:
         for proxy, _ in proxies.values():
             proxy.stop()
-    med = {name: statistics.median(values) for name, values in costs.items()}
-    figures: dict[str, float] = {f"{name}_us_per_request": round(value, 1) for name, value in med.items()}
-    figures["kthrottle_to_selector_relay"] = round(med["kthrottle"] / med["selector"], 2)
-    figures["kthrottle_to_uvloop_relay"] = round(med["kthrottle"] / med["uvloop"], 2)
-    if "baseline" in med:
-        figures["kthrottle_to_baseline"] = round(med["kthrottle"] / med["baseline"], 3)
+    med = statistics.median
+    figures: dict[str, float] = {f"{name}_us_per_request": round(med(v), 1) for name, v in costs.items()}
+    figures["kthrottle_to_selector_relay"] = round(med(ratios["selector"]), 2)
+    figures["kthrottle_to_uvloop_relay"] = round(med(ratios["uvloop"]), 2)
+    if "baseline" in ratios:
+        figures["kthrottle_to_baseline"] = round(med(ratios["baseline"]), 3)
     print(json.dumps(figures))
+
+
+def together(first: Callable[[], float], second: Callable[[], float]) -> tuple[float, float]:
+    """Both runs at once, each driven by a thread of its own: the CPU seconds of each. Run apart,
+    the same run moves by a fifth from one window to the next on this machine; run together, the
+    two see the same machine and their ratio holds within a few percent."""
+    out: list[float] = [0.0, 0.0]
+
+    def run(i: int, work: Callable[[], float]) -> None:
+        out[i] = work()
+
+    threads = [threading.Thread(target=run, args=(i, w)) for i, w in enumerate((first, second))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return out[0], out[1]
 
 
 if __name__ == "__main__":
