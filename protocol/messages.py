@@ -26,7 +26,6 @@ _I32 = struct.Struct(">i")
 MAX_THROTTLE_MS = 2**31 - 1
 
 
-_I16 = struct.Struct(">h")
 
 
 def wire_throttle_ms(throttle_ms: int) -> int:
