@@ -26,8 +26,6 @@ _I32 = struct.Struct(">i")
 MAX_THROTTLE_MS = 2**31 - 1
 
 
-
-
 def wire_throttle_ms(throttle_ms: int) -> int:
     """A throttle time as throttle_time_ms can carry it."""
     return max(0, min(int(throttle_ms), MAX_THROTTLE_MS))
