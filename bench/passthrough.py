@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import statistics
 import sys
 import time
@@ -126,14 +125,6 @@ def latency_probe(
 SMALL_RATE = 5000
 SMALL_RECORDS = 60_000  # 12 s at 5,000 msg/s
 SATURATING_RECORDS = 400_000
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_times(pid: int) -> tuple[float, float]:
-    """(utime, stime) of a process so far, in seconds (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
 
 
 def cpu_per_gb(
@@ -142,9 +133,9 @@ def cpu_per_gb(
     """Run ``work`` (``records`` 1 KiB records through the proxy); its result and the proxy's CPU
     seconds per GB of the record values it reports done (0 when ``pid`` is None: the run was
     direct). A run that did fewer records than asked is said, and counted as it was."""
-    before = cpu_times(pid) if pid is not None else (0.0, 0.0)
+    before = relay_floor.cpu_times(pid) if pid is not None else (0.0, 0.0)
     result = work()
-    after = cpu_times(pid) if pid is not None else (0.0, 0.0)
+    after = relay_floor.cpu_times(pid) if pid is not None else (0.0, 0.0)
     user, system = after[0] - before[0], after[1] - before[1]
     result["user_share"] = user / (user + system) if user + system else 0.0
     done = int(result.get("records", records))

@@ -122,8 +122,10 @@ class Responder:
         answer = bytearray(RESPONSE)
         while data := conn.recv(1 << 16):
             buffer += data
-            while len(buffer) >= 4 and len(buffer) >= 4 + int.from_bytes(buffer[:4], "big"):
+            while len(buffer) >= 4:
                 size = int.from_bytes(buffer[:4], "big")
+                if len(buffer) < 4 + size:
+                    break
                 answer[4:8] = buffer[8:12]  # the request's correlation id
                 del buffer[: 4 + size]
                 conn.sendall(answer)
@@ -158,17 +160,9 @@ def relay_cost(
 def proxy_cost(proxy: ProxyProcess, port: int, requests: int, rate: float) -> float:
     assert proxy.proc is not None
     pid = proxy.proc.pid
-    before = sum(cpu_times(pid))
+    before = sum(relay_floor.cpu_times(pid))
     drive(("127.0.0.1", port), requests, rate)
-    return sum(cpu_times(pid)) - before
-
-
-def cpu_times(pid: int) -> tuple[float, float]:
-    """(utime, stime) of a process so far, in seconds (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    ticks = relay_floor.os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / ticks, int(fields[12]) / ticks
+    return sum(relay_floor.cpu_times(pid)) - before
 
 
 def sidecar(upstream: tuple[str, int], source: Path | None) -> tuple[ProxyProcess, int]:
@@ -203,8 +197,12 @@ def main() -> None:
         proxy.start()
         drive(("127.0.0.1", port), 300, args.rate * 10)  # its first connection's one-time work
     others: dict[str, Callable[[], float]] = {
-        "selector": lambda: relay_cost(relay_floor.selector_relay, responder, args.requests, args.rate),
-        "uvloop": lambda: relay_cost(relay_floor.uvloop_relay, responder, args.requests, args.rate),
+        "selector": functools.partial(
+            relay_cost, relay_floor.selector_relay, responder, args.requests, args.rate
+        ),
+        "uvloop": functools.partial(
+            relay_cost, relay_floor.uvloop_relay, responder, args.requests, args.rate
+        ),
     }
     proxy, port = proxies["kthrottle"]
     ours = functools.partial(proxy_cost, proxy, port, args.requests, args.rate)
@@ -236,9 +234,7 @@ def main() -> None:
 
 
 def together(first: Callable[[], float], second: Callable[[], float]) -> tuple[float, float]:
-    """Both runs at once, each driven by a thread of its own: the CPU seconds of each. Run apart,
-    the same run moves by a fifth from one window to the next on this machine; run together, the
-    two see the same machine and their ratio holds within a few percent."""
+    """Both runs at once, each in a thread of its own: the CPU seconds of each."""
     out: list[float] = [0.0, 0.0]
 
     def run(i: int, work: Callable[[], float]) -> None:
