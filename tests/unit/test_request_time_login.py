@@ -137,3 +137,17 @@ def test_an_api_versions_later_in_the_connection_is_charged_whoever_saw_its_star
     key, version, body = HANDSHAKE
     _exchange(net, client, broker, _frame(key, version, 4, body), 0.0)
     assert _anonymous_percentage(net) > 1.0
+
+
+def test_an_api_versions_after_a_login_is_charged_even_with_the_opening_correlation_id(
+    nets: Callable[[str], _Net],
+) -> None:
+    """Only the opening ApiVersions goes uncharged before a login: a later one that reuses its
+    correlation id (clients choose them freely; the broker only echoes them) is any request."""
+    net = nets(REQUEST_QUOTA)
+    _pipeline, client, broker = _opened(net)
+    key, version, body = HANDSHAKE
+    _exchange(net, client, broker, _frame(key, version, 2, body), 0.0)
+    assert _anonymous_percentage(net) == 0.0
+    _exchange(net, client, broker, _frame(18, 3, 1, VERSIONS), 0.05)
+    assert _anonymous_percentage(net) > 1.0, "the second ApiVersions' 50 ms"
