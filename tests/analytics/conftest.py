@@ -1,4 +1,5 @@
-"""A local[2] SparkSession shared by the analytics tests, and one generated capture set."""
+"""A local[2] SparkSession shared by the analytics tests, one generated capture set, and the job's
+report on it."""
 
 from __future__ import annotations
 
@@ -37,3 +38,17 @@ def captures(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, GeneratedT
     """Capture files with planted outliers (analytics/generate.py), written once per session."""
     directory = tmp_path_factory.mktemp("captures")
     return directory, generate(directory, RECORDS, seed=7, span_s=SPAN_S)
+
+
+@pytest.fixture(scope="session")
+def report(
+    spark: Any, captures: tuple[Path, GeneratedTruth], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The job run once on the generated captures, in process, on the shared session (main
+    reuses the active one)."""
+    from analytics.tune import main
+
+    directory, _ = captures
+    out = tmp_path_factory.mktemp("tune") / "report"
+    assert main(["--input", str(directory), "--output", str(out), "--quiet"]) == 0
+    return out

@@ -49,17 +49,6 @@ TABLES = (
 
 
 @pytest.fixture(scope="module")
-def report(
-    spark: Any, captures: tuple[Path, GeneratedTruth], tmp_path_factory: pytest.TempPathFactory
-) -> Path:
-    """The job run once, in process, on the shared session (main reuses the active one)."""
-    directory, _ = captures
-    out = tmp_path_factory.mktemp("tune") / "report"
-    assert main(["--input", str(directory), "--output", str(out), "--quiet"]) == 0
-    return out
-
-
-@pytest.fixture(scope="module")
 def cfg(report: Path) -> QuotaConfig:
     doc = yaml.safe_load((report / "quotas.yaml").read_text())
     assert list(doc) == ["config_version", "quotas"]

@@ -4,14 +4,12 @@ replay the job does agrees with what the proxy decided live."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,11 +210,8 @@ def test_replay_matches_live_throttle(kafka_broker: KafkaCluster, tmp_path: Path
 
 
 @pytest.mark.timeout(420)
-def test_capture_tune_apply(
-    kafka_broker: KafkaCluster, on_cluster: Future[OnCluster], tuned: Tuned, tmp_path: Path
-) -> None:
-    """The proposal loaded into a proxy: the heavy client is throttled, the steady ones never
-    (the standalone run of the same job, ``on_cluster``, goes on meanwhile)."""
+def test_capture_tune_apply(kafka_broker: KafkaCluster, tuned: Tuned, tmp_path: Path) -> None:
+    """The proposal loaded into a proxy: the heavy client is throttled, the steady ones never."""
     topic, steady, out = tuned.topic, tuned.steady, tuned.report
     proposal = yaml.safe_load((out / "quotas.yaml").read_text())
     QuotaConfig.model_validate(proposal["quotas"])
@@ -231,70 +226,3 @@ def test_capture_tune_apply(
         )
     assert heavy > 0, "the heavy client was not throttled under the proposed quotas"
     assert all(w.never_throttled() for w in watches.values()), {n: w.seen[-3:] for n, w in watches.items()}
-
-
-@dataclass
-class OnCluster:
-    """docs/tuning.md's spark-submit line run on a standalone master and worker: what it printed."""
-
-    submit: subprocess.CompletedProcess[str]
-    master_url: str
-    out: Path
-
-
-def _tune_on_standalone(capture: Path, workdir: Path, cluster_python: Path) -> OnCluster:
-    """spark-submit from a directory outside the checkout with no PYTHONPATH, onto a standalone
-    master and worker whose Python is ``cluster_python``."""
-    from dev.spark_cluster import SparkStandalone, submit_tune
-
-    elsewhere = workdir / "elsewhere"
-    elsewhere.mkdir()
-    out = workdir / "tuned-on-cluster"
-    # Two cores, as the machine has: the statistics stage ran its tasks one at a time on one
-    # (27 s of the job's 35), and the proposal must not depend on how the work is split anyway.
-    with SparkStandalone(workers=1, cores=2) as cluster:
-        tune_args = ["--input", str(capture), "--output", str(out), *TUNE_OPTIONS[2:]]
-        submit = submit_tune(cluster.master_url, cluster_python, tune_args, elsewhere, timeout=240)
-    return OnCluster(submit, cluster.master_url, out)
-
-
-@pytest.fixture(scope="module")
-def on_cluster(
-    loop_capture: Capture, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Future[OnCluster]]:
-    """The standalone run, started as soon as the capture exists and left to run beside the
-    local[*] job and the test of its proposal, which judge nothing by time (its 40 s are mostly
-    Spark's start-up and scheduling). The replay test, which compares timings, runs before it."""
-    import pyspark.sql  # noqa: F401 (imported here, not first in the thread: pyspark's imports are circular)
-
-    from dev.spark_cluster import executor_python
-
-    workdir = tmp_path_factory.mktemp("on-cluster")
-    cluster_python = executor_python(workdir / "cluster-python")
-    with ThreadPoolExecutor(1) as pool:
-        yield pool.submit(_tune_on_standalone, loop_capture.directory, workdir, cluster_python)
-
-
-@pytest.mark.timeout(300)
-def test_spark_submit_on_a_standalone_cluster(tuned: Tuned, on_cluster: Future[OnCluster]) -> None:
-    """docs/tuning.md's spark-submit line, run from a directory outside the checkout with no
-    PYTHONPATH, on a real standalone master and worker whose Python has pyspark's own
-    dependencies and nothing of this project: the job ships its packages to the executors, the
-    replay runs there, and the proposal is the one local[*] made."""
-    run = on_cluster.result(timeout=280)
-    cluster_python = run.out.parent / "cluster-python" / "bin" / "python"
-    for module, present in (("pandas", True), ("pyarrow", True), ("pydantic", False), ("quota", False)):
-        probe = [str(cluster_python), "-c", f"import {module}"]
-        found = subprocess.run(probe, cwd=run.out.parent, env={}, capture_output=True).returncode
-        assert (found == 0) == present, f"the cluster's Python {'lacks' if present else 'has'} {module}"
-    submit, out = run.submit, run.out
-    # spark-submit passes the Python driver's stderr to its stdout: the job's lines are there
-    last = submit.stdout.strip().splitlines()[-1:]
-    assert submit.returncode == 0, f"spark-submit failed: {last}\n{submit.stdout[-4000:]}"
-    assert last[0].startswith("tune: [") and f"wrote {out}" in last[0], last
-    meta = json.loads((out / "meta.json").read_text())
-    assert meta["master"] == run.master_url
-    assert meta["replay"]["replayed_rows"] > 0, "no request was replayed on the executors"
-    on_cluster_proposal = yaml.safe_load((out / "quotas.yaml").read_text())
-    local = yaml.safe_load((tuned.report / "quotas.yaml").read_text())
-    assert on_cluster_proposal == local
