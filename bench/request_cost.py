@@ -24,7 +24,13 @@ each one's own process. Prints per-round figures, then one JSON line of medians:
   kthrottle_to_uvloop_relay        kthrottle over the uvloop relay (its own work, and its loop's)
   kthrottle_to_baseline            with --baseline
 
-Usage: source dev/setup.sh && python bench/request_cost.py [--rounds 5] [--baseline ../old]
+With ``--workload fetch`` the same contenders carry bulk fetches instead: real Fetch v17
+requests for six partitions, each answered by a real Fetch v17 response of 1 MiB a partition
+(16 KiB record batches, as a bulk consumer's), as fast as they go, one in flight: the shape of
+passthrough.py's bulk_fetch without the Java consumer and broker beside it. Its figures are named
+``fetch_<contender>_s_per_gb`` (CPU seconds per GB of responses) and ``fetch_kthrottle_to_<...>``.
+
+Usage: source dev/setup.sh && python bench/request_cost.py [--workload fetch] [--rounds 5] [--baseline ../old]
 """
 
 from __future__ import annotations
@@ -54,9 +60,12 @@ from protocol import messages
 from protocol.frames import RequestHeader, encode_request_header, encode_response_header
 
 VERSION = 13  # the Java 4.1 producer's Produce version
+FETCH_VERSION = 17  # the Java 4.1 consumer's Fetch version
 PARTITIONS = 6
 RECORD_BYTES = 1400  # six batches of about this: the ~9 KiB of a small_5k request
 RATE = 590  # requests/s: small_5k's 5,000 msg/s at 8.5 records a request
+FETCH_BATCH_BYTES = 16384  # a bulk producer's batch, as the consumer reads it back
+FETCH_PARTITION_BYTES = 1 << 20  # the consumer's max.partition.fetch.bytes, filled
 TOPIC_ID = uuid.UUID(int=0x6B746872).bytes
 
 
@@ -98,13 +107,51 @@ def produce_frames() -> tuple[bytes, bytes]:
     return struct.pack(">i", len(req)) + req, struct.pack(">i", len(resp)) + resp
 
 
-REQUEST, RESPONSE = produce_frames()
+def fetch_frames() -> tuple[bytes, bytes]:
+    """(request, response) of a bulk fetch: whole frames, size prefix included, correlation id 0."""
+    partition = {"current_leader_epoch": -1, "fetch_offset": 0, "last_fetched_epoch": -1}
+    partition |= {"log_start_offset": -1, "partition_max_bytes": FETCH_PARTITION_BYTES}
+    request = {
+        "max_wait_ms": 500,
+        "min_bytes": 1,
+        "max_bytes": 52428800,
+        "isolation_level": 0,
+        "session_id": 0,
+        "session_epoch": -1,
+        "topics": [
+            {"topic_id": TOPIC_ID, "partitions": [{**partition, "partition": i} for i in range(PARTITIONS)]}
+        ],
+        "forgotten_topics_data": [],
+        "rack_id": "",
+    }
+    batch = record_batch(bytes(FETCH_BATCH_BYTES - 70), timestamp_ms=1_700_000_000_000)
+    records = batch * (FETCH_PARTITION_BYTES // len(batch))
+    answer = {"high_watermark": 1 << 30, "last_stable_offset": 1 << 30, "log_start_offset": 0}
+    answer |= {"aborted_transactions": [], "preferred_read_replica": -1, "records": records}
+    response = {
+        "throttle_time_ms": 0,
+        "error_code": 0,
+        "session_id": 0,
+        "responses": [
+            {
+                "topic_id": TOPIC_ID,
+                "partitions": [{**answer, "partition_index": i} for i in range(PARTITIONS)],
+            }
+        ],
+    }
+    req = encode_request_header(RequestHeader(1, FETCH_VERSION, 0, "perf-consumer-1", 0))
+    req += messages.encode(1, FETCH_VERSION, request, response=False)
+    resp = encode_response_header(1, FETCH_VERSION, 0)
+    resp += messages.encode(1, FETCH_VERSION, response, response=True)
+    return struct.pack(">i", len(req)) + req, struct.pack(">i", len(resp)) + resp
 
 
 class Responder:
-    """The broker's part: answers every Produce frame on every connection, its correlation id copied."""
+    """The broker's part: answers every request frame on every connection with ``response``, its
+    correlation id copied."""
 
-    def __init__(self) -> None:
+    def __init__(self, response: bytes) -> None:
+        self.response = response
         self.socket = relay_floor.listener()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -119,7 +166,7 @@ class Responder:
 
     def _serve(self, conn: socket.socket) -> None:
         buffer = bytearray()
-        answer = bytearray(RESPONSE)
+        answer = bytearray(self.response)
         while data := conn.recv(1 << 16):
             buffer += data
             while len(buffer) >= 4:
@@ -131,20 +178,25 @@ class Responder:
                 conn.sendall(answer)
 
 
-def drive(address: tuple[str, int], requests: int, rate: float) -> None:
-    """``requests`` Produce round trips at ``rate`` a second, one in flight, correlation ids counted."""
+def drive(address: tuple[str, int], frames: tuple[bytes, bytes], requests: int, rate: float) -> None:
+    """``requests`` round trips of ``frames`` (request, response) at ``rate`` a second (or as fast
+    as they go), one in flight, correlation ids counted."""
     sock = relay_floor.nodelay(socket.create_connection(address))
-    frame = bytearray(REQUEST)
+    frame = bytearray(frames[0])
+    size = len(frames[1])
+    into = memoryview(bytearray(size))
     start = time.perf_counter()
     for n in range(requests):
         frame[8:12] = struct.pack(">i", n)
         sock.sendall(frame)
         got = 0
-        while got < len(RESPONSE):
-            chunk = sock.recv(len(RESPONSE) - got)
-            if not chunk:
+        while got < size:
+            received = sock.recv_into(into[got:])
+            if not received:
                 raise ConnectionError(f"connection closed after {n} responses")
-            got += len(chunk)
+            got += received
+        if not rate:
+            continue
         pause = start + (n + 1) / rate - time.perf_counter()
         if pause > 0:
             time.sleep(pause)
@@ -152,16 +204,23 @@ def drive(address: tuple[str, int], requests: int, rate: float) -> None:
 
 
 def relay_cost(
-    relay: Callable[[socket.socket, socket.socket], None], responder: Responder, requests: int, rate: float
+    relay: Callable[[socket.socket, socket.socket], None],
+    responder: Responder,
+    frames: tuple[bytes, bytes],
+    requests: int,
+    rate: float,
 ) -> float:
-    return relay_floor.relay_cpu(relay, lambda address: drive(address, requests, rate), responder.socket)
+    run = functools.partial(drive, frames=frames, requests=requests, rate=rate)
+    return relay_floor.relay_cpu(relay, run, responder.socket)
 
 
-def proxy_cost(proxy: ProxyProcess, port: int, requests: int, rate: float) -> float:
+def proxy_cost(
+    proxy: ProxyProcess, port: int, frames: tuple[bytes, bytes], requests: int, rate: float
+) -> float:
     assert proxy.proc is not None
     pid = proxy.proc.pid
     before = sum(relay_floor.cpu_times(pid))
-    drive(("127.0.0.1", port), requests, rate)
+    drive(("127.0.0.1", port), frames, requests, rate)
     return sum(relay_floor.cpu_times(pid)) - before
 
 
@@ -181,55 +240,58 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--workload", choices=("produce", "fetch"), default="produce")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=RATE * 10, help="requests per contender per round")
-    parser.add_argument("--rate", type=float, default=RATE, help="requests per second")
+    parser.add_argument("--requests", type=int, help="per contender per round (produce 5,900, fetch 300)")
+    parser.add_argument("--rate", type=float, help="requests per second; 0: as fast as they go (fetch's)")
     parser.add_argument("--baseline", type=Path, help="another checkout's source tree, run side by side")
     args = parser.parse_args()
-    print(
-        f"request {len(REQUEST)} bytes, response {len(RESPONSE)} bytes, {args.requests} per run", flush=True
-    )
-    responder = Responder()
+    fetch = args.workload == "fetch"
+    frames = fetch_frames() if fetch else produce_frames()
+    requests = args.requests or (300 if fetch else RATE * 10)
+    rate = args.rate if args.rate is not None else (0 if fetch else RATE)
+    print(f"request {len(frames[0])} bytes, response {len(frames[1])} bytes, {requests} per run", flush=True)
+    responder = Responder(frames[1])
     proxies = {"kthrottle": sidecar(responder.address, None)}
     if args.baseline:
         proxies["baseline"] = sidecar(responder.address, args.baseline.resolve())
     for proxy, port in proxies.values():
         proxy.start()
-        drive(("127.0.0.1", port), 300, args.rate * 10)  # its first connection's one-time work
+        drive(("127.0.0.1", port), frames, 30 if fetch else 300, 0)  # its first connection's one-time work
+    relay = functools.partial(relay_cost, responder=responder, frames=frames, requests=requests, rate=rate)
     others: dict[str, Callable[[], float]] = {
-        "selector": functools.partial(
-            relay_cost, relay_floor.selector_relay, responder, args.requests, args.rate
-        ),
-        "uvloop": functools.partial(
-            relay_cost, relay_floor.uvloop_relay, responder, args.requests, args.rate
-        ),
+        "selector": functools.partial(relay, relay_floor.selector_relay),
+        "uvloop": functools.partial(relay, relay_floor.uvloop_relay),
     }
-    proxy, port = proxies["kthrottle"]
-    ours = functools.partial(proxy_cost, proxy, port, args.requests, args.rate)
+    cost = functools.partial(proxy_cost, frames=frames, requests=requests, rate=rate)
+    ours = functools.partial(cost, *proxies["kthrottle"])
     if "baseline" in proxies:
-        others["baseline"] = functools.partial(proxy_cost, *proxies["baseline"], args.requests, args.rate)
+        others["baseline"] = functools.partial(cost, *proxies["baseline"])
+    # CPU per request (produce) or per GB of responses (fetch)
+    unit, per = ("s_per_gb", requests * len(frames[1]) / 1e9) if fetch else ("us_per_request", requests / 1e6)
     costs: dict[str, list[float]] = {name: [] for name in ["kthrottle", *others]}
     ratios: dict[str, list[float]] = {name: [] for name in others}
     try:
         for rnd in range(args.rounds):
             for name, other in others.items():
                 mine, theirs = together(ours, other)
-                costs["kthrottle"].append(mine / args.requests * 1e6)
-                costs[name].append(theirs / args.requests * 1e6)
+                costs["kthrottle"].append(mine / per)
+                costs[name].append(theirs / per)
                 ratios[name].append(mine / theirs)
             done = ", ".join(
-                f"{name} {costs[name][-1]:.1f} (kthrottle {ratios[name][-1]:.2f}x)" for name in others
+                f"{name} {costs[name][-1]:.2f} (kthrottle {ratios[name][-1]:.2f}x)" for name in others
             )
-            print(f"round {rnd}: us per request: {done}", flush=True)
+            print(f"round {rnd}: {unit.replace('_', ' ')}: {done}", flush=True)
     finally:
         for proxy, _ in proxies.values():
             proxy.stop()
     med = statistics.median
-    figures: dict[str, float] = {f"{name}_us_per_request": round(med(v), 1) for name, v in costs.items()}
-    figures["kthrottle_to_selector_relay"] = round(med(ratios["selector"]), 2)
-    figures["kthrottle_to_uvloop_relay"] = round(med(ratios["uvloop"]), 2)
+    prefix = "fetch_" if fetch else ""
+    figures = {f"{prefix}{name}_{unit}": round(med(v), 3 if fetch else 1) for name, v in costs.items()}
+    figures[f"{prefix}kthrottle_to_selector_relay"] = round(med(ratios["selector"]), 2)
+    figures[f"{prefix}kthrottle_to_uvloop_relay"] = round(med(ratios["uvloop"]), 2)
     if "baseline" in ratios:
-        figures["kthrottle_to_baseline"] = round(med(ratios["baseline"]), 3)
+        figures[f"{prefix}kthrottle_to_baseline"] = round(med(ratios["baseline"]), 3)
     print(json.dumps(figures))
 
 
