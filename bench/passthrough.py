@@ -169,6 +169,9 @@ def main() -> None:
         "--only", help="comma-separated workloads to run (a quick look; the figures need them all)"
     )
     args = parser.parse_args()
+    only = args.only.split(",") if args.only else []
+    if "bulk_fetch" in only and "bulk_produce" not in only:
+        parser.error("bulk_fetch reads what bulk_produce wrote in the same round: give both")
 
     with (
         KafkaCluster(brokers=1) as cluster,

@@ -122,7 +122,7 @@ def test_streamed_and_gathered_frames_come_out_whole_and_in_order(
 
 
 def test_a_streamed_frame_holds_one_chunk_not_the_whole_frame() -> None:
-    """Pieces come out one per 256 KiB buffer filled (and the last at the frame's end), and the
+    """Pieces come out one per STREAM_CHUNK_BYTES buffer filled (and the last at the frame's end), and the
     decoder never holds more than that buffer, however large the frame."""
     size = 10 * 1024 * 1024
     dec = FrameDecoder(stream_from=64 * 1024)
