@@ -40,11 +40,11 @@ fi
 # clients, quota windows, JVMs starting) and leave CPU idle. The tests that only compute run on
 # those idle cycles: no broker or proxy, no event loop on the real clock, no deadline (the analytics
 # job on local Spark and on a standalone master and worker, the chart rendered and linted, the codec
-# and simulation unit tests, the fuzz targets' bounded runs). They run at the lowest priority, so they take almost nothing from the
-# tests that measure time: in a session of their own whose autogroup is set to nice 19
-# (dev/idle_priority.sh). Where the kernel shares CPU between sessions first (autogroup), a plain
-# `nice` would rank them below the main pytest process only, not below the brokers and proxies it
-# starts, each a session of its own.
+# and simulation unit tests, the fuzz targets' bounded runs). They run at the lowest priority, so
+# they take almost nothing from the tests that measure time: in a session of their own whose
+# autogroup is set to nice 19 (dev/idle_priority.sh). Where the kernel shares CPU between sessions
+# first (autogroup), a plain `nice` would rank them below the main pytest process only, not below
+# the brokers and proxies it starts, each a session of its own.
 compute_only=(
   tests/analytics tests/deploy
   tests/unit/test_codec_roundtrip.py tests/unit/test_cluster_quotas.py tests/unit/test_report_plain.py
