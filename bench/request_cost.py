@@ -108,37 +108,22 @@ def produce_frames() -> tuple[bytes, bytes]:
 
 
 def fetch_frames() -> tuple[bytes, bytes]:
-    """(request, response) of a bulk fetch: whole frames, size prefix included, correlation id 0."""
-    partition = {"current_leader_epoch": -1, "fetch_offset": 0, "last_fetched_epoch": -1}
-    partition |= {"log_start_offset": -1, "partition_max_bytes": FETCH_PARTITION_BYTES}
+    """(request, response) of a bulk fetch: whole frames, size prefix included, correlation id 0
+    (the fields not given take their schema defaults)."""
+    wanted = [{"partition": i, "partition_max_bytes": FETCH_PARTITION_BYTES} for i in range(PARTITIONS)]
     request = {
         "max_wait_ms": 500,
         "min_bytes": 1,
         "max_bytes": 52428800,
-        "isolation_level": 0,
-        "session_id": 0,
-        "session_epoch": -1,
-        "topics": [
-            {"topic_id": TOPIC_ID, "partitions": [{**partition, "partition": i} for i in range(PARTITIONS)]}
-        ],
-        "forgotten_topics_data": [],
-        "rack_id": "",
+        "topics": [{"topic_id": TOPIC_ID, "partitions": wanted}],
     }
     batch = record_batch(bytes(FETCH_BATCH_BYTES - 70), timestamp_ms=1_700_000_000_000)
     records = batch * (FETCH_PARTITION_BYTES // len(batch))
-    answer = {"high_watermark": 1 << 30, "last_stable_offset": 1 << 30, "log_start_offset": 0}
-    answer |= {"aborted_transactions": [], "preferred_read_replica": -1, "records": records}
-    response = {
-        "throttle_time_ms": 0,
-        "error_code": 0,
-        "session_id": 0,
-        "responses": [
-            {
-                "topic_id": TOPIC_ID,
-                "partitions": [{**answer, "partition_index": i} for i in range(PARTITIONS)],
-            }
-        ],
-    }
+    answers = [
+        {"partition_index": i, "high_watermark": 1 << 30, "last_stable_offset": 1 << 30, "records": records}
+        for i in range(PARTITIONS)
+    ]
+    response = {"responses": [{"topic_id": TOPIC_ID, "partitions": answers}]}
     req = encode_request_header(RequestHeader(1, FETCH_VERSION, 0, "perf-consumer-1", 0))
     req += messages.encode(1, FETCH_VERSION, request, response=False)
     resp = encode_response_header(1, FETCH_VERSION, 0)
