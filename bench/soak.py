@@ -259,15 +259,20 @@ class _Seen:
 
 def _log_to(log_dir: str | None, worker: str) -> None:
     """This worker's client library logs at INFO into ``log_dir/worker.log`` (kept when the soak
-    fails: a group's joins, assignments and errors are there)."""
+    fails: a group's joins, assignments and errors are there), and kafka-python's group
+    coordinator at DEBUG: a kafka-python member once joined, had its SyncGroup answered and then
+    neither fetched nor heartbeated, with nothing at INFO to say which state it was stuck in."""
     if log_dir:
         import logging
 
         logging.basicConfig(
             filename=str(Path(log_dir) / f"{worker}.log"),
             level=logging.INFO,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            format="%(asctime)s %(threadName)s %(levelname)s %(name)s: %(message)s",
         )
+        logging.getLogger("kafka.coordinator").setLevel(logging.DEBUG)
+        for handler in logging.getLogger().handlers:  # not its ~90 a second "need_rejoin: False"
+            handler.addFilter(lambda record: not record.getMessage().startswith("need_rejoin: False"))
 
 
 def librdkafka_consumer(

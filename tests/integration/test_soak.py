@@ -42,7 +42,10 @@ def _short_groups_evidence(figures: dict[str, Any], logs: Path) -> str:
         parts.append(f"--- {group}: connections at the end {figures['group_connections_at_end'].get(group)}")
         # How it started (bootstrap, coordinator, join) and how it ended.
         head, tail = _tail(logs / f"{group}.log", 10**6).splitlines(), _tail(logs / f"{group}.log", 20)
-        parts.append(f"--- {group}.log (first 60 lines, then the last 20)\n" + "\n".join(head[:60]))
+        # The first 60 lines above DEBUG; the last 20 of any level show where kafka-python's
+        # group coordinator (logged at DEBUG) stood at the end.
+        first = [line for line in head if " DEBUG " not in line][:60]
+        parts.append(f"--- {group}.log (first 60 lines above DEBUG, then the last 20)\n" + "\n".join(first))
         parts.append(f"...\n{tail}")
     warnings = _tail(logs / "kthrottle.log", 40, (" WARNING ", " ERROR "))
     parts.append(f"--- kthrottle.log warnings and errors (last 40)\n{warnings}")
