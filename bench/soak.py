@@ -359,11 +359,11 @@ def kafka_python_consumer(
 ) -> None:
     """A kafka-python member of ``group``; ``member`` names a second one (the rebalance), which
     reports, and is seen by the proxy, as ``group+member``."""
-    from kafka import KafkaConsumer
+    from dev.kafka_python_group import group_consumer
 
     name = f"{group}+{member}" if member else group
     _log_to(log_dir, name)
-    consumer = KafkaConsumer(
+    consumer = group_consumer(
         topic, bootstrap_servers=bootstrap, group_id=group, client_id=name, auto_offset_reset="earliest"
     )
     seen, errors = _Seen(progress), collections.Counter[str]()

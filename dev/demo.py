@@ -12,6 +12,7 @@ import signal
 import time
 
 from dev.harness import KafkaCluster
+from dev.kafka_python_group import group_consumer
 from dev.proxy_process import ProxyProcess, gateway_config
 
 
@@ -114,7 +115,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep running until Ctrl-C")
     args = parser.parse_args()
 
-    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import KafkaProducer
     from kafka.admin import KafkaAdminClient, NewTopic
 
     say(f"starting a {args.brokers}-node Apache Kafka cluster (KRaft) on free loopback ports")
@@ -146,7 +147,7 @@ def main() -> None:
                 f"the client only ever saw proxy addresses: {brokers_seen}"
             )
 
-            consumer = KafkaConsumer(
+            consumer = group_consumer(
                 "demo",
                 bootstrap_servers=proxy.bootstrap,
                 group_id="demo-group",

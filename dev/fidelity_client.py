@@ -17,7 +17,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script by quota_fidelity
+
+from dev.kafka_python_group import group_consumer
 
 MiB = 1024 * 1024
 VALUE = b"f" * 1024
@@ -119,7 +124,7 @@ def confluent(job: Job, tally: Tally, stop: threading.Event) -> None:
 
 
 def kafka_python(job: Job, tally: Tally, stop: threading.Event) -> None:
-    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import KafkaProducer
     from kafka.errors import KafkaTimeoutError
 
     if job.direction == "produce":
@@ -153,7 +158,7 @@ def kafka_python(job: Job, tally: Tally, stop: threading.Event) -> None:
     }
     if job.aggressive:
         conf.update({"fetch_max_bytes": 50 * MiB, "max_partition_fetch_bytes": 10 * MiB})
-    consumer = KafkaConsumer(job.topic, **conf)
+    consumer = group_consumer(job.topic, **conf)
     while not stop.is_set():
         for records in consumer.poll(timeout_ms=250).values():
             tally.add(sum(len(r.value or b"") for r in records))

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dev.harness import KafkaCluster, free_port
+from dev.kafka_python_group import group_consumer
 from dev.proxy_process import ProxyProcess, sidecar_config
 from protocol.frames import FrameDecoder
 
@@ -142,7 +143,7 @@ def _confluent(bootstrap: str, sasl: dict[str, str] | None = None) -> None:
 
 
 def _kafka_python(bootstrap: str) -> None:
-    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import KafkaProducer
     from kafka.admin import KafkaAdminClient, NewTopic
 
     topic = f"kp-{int(time.time())}"
@@ -154,7 +155,7 @@ def _kafka_python(bootstrap: str) -> None:
             producer.send(topic, value=f"kp{acks}-{i}".encode())
         producer.flush(30)
         producer.close()
-    consumer = KafkaConsumer(
+    consumer = group_consumer(
         topic,
         bootstrap_servers=bootstrap,
         auto_offset_reset="earliest",

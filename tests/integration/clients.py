@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from dev.kafka_python_group import group_consumer
+
 Message = tuple[bytes, bytes]
 RATE_CONSUMER = str(Path(__file__).parent / "java" / "RateConsumer.java")
 
@@ -47,7 +49,7 @@ def kafka_python_roundtrip(
     replication: int = 1,
     timeout: float = 60,
 ) -> list[Message]:
-    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import KafkaProducer
     from kafka.admin import KafkaAdminClient, NewTopic
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="it-kafka-python-admin")
@@ -60,7 +62,7 @@ def kafka_python_roundtrip(
         producer.send(topic, key=key, value=value)
     producer.flush(timeout)
     producer.close()
-    consumer = KafkaConsumer(
+    consumer = group_consumer(
         topic,
         bootstrap_servers=bootstrap,
         group_id=f"g-{topic}",

@@ -6,9 +6,10 @@ import re
 import time
 
 import pytest
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka import KafkaAdminClient, KafkaProducer
 
 from dev.harness import KafkaCluster, run_tool
+from dev.kafka_python_group import group_consumer
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +43,7 @@ def test_single_broker_topic_tool_and_python_clients(kafka_broker: KafkaCluster)
     assert partitions <= {0, 1, 2}
     assert len(partitions) > 1, "7 distinct keys should land on more than one of 3 partitions"
 
-    consumer = KafkaConsumer(
+    consumer = group_consumer(
         "t",
         bootstrap_servers=bootstrap,
         group_id="harness-test",
