@@ -169,9 +169,14 @@ def main() -> None:
         "--only", help="comma-separated workloads to run (a quick look; the figures need them all)"
     )
     args = parser.parse_args()
-    only = args.only.split(",") if args.only else []
+    plan = workloads(args.records)
+    only = args.only.split(",") if args.only else list(plan)
+    unknown = [name for name in only if name not in plan]
+    if unknown:
+        parser.error(f"unknown workload(s) {', '.join(unknown)}; the workloads: {', '.join(plan)}")
     if "bulk_fetch" in only and "bulk_produce" not in only:
         parser.error("bulk_fetch reads what bulk_produce wrote in the same round: give both")
+    plan = {name: plan[name] for name in only}
 
     with (
         KafkaCluster(brokers=1) as cluster,
@@ -186,9 +191,6 @@ def main() -> None:
         produce(proxied, "bench", 50_000, -1)
         assert proxy.proc is not None
         proxy_pid = proxy.proc.pid
-        plan = workloads(args.records)
-        if args.only:
-            plan = {name: plan[name] for name in args.only.split(",")}
         rates: dict[str, dict[str, list[float]]] = {w: {"direct": [], "proxy": []} for w in plan}
         cpu: dict[str, list[float]] = {w: [] for w in plan}
         lat50: dict[str, list[float]] = {"direct": [], "proxy": []}
