@@ -4,7 +4,10 @@ broker: its pod starts as the chart's security context says, its probes pass, cl
 and consume through the port its Service names, a changed ConfigMap reloads the quotas in the
 running pod, and deleted as Kubernetes deletes a pod it drains with nothing acknowledged lost.
 The sidecar, in the chart's example broker pod on a broker image of the harness's Kafka jars:
-both containers start, probes pass, clients go through the sidecar, and its quota holds.
+both containers start, probes pass, clients go through the sidecar, its quota holds, a changed
+ConfigMap reloads it in the running sidecar, and the pod deleted under a producer drains the
+sidecar with everything acknowledged in the broker's log (read from the data volume by Kafka's
+DumpLogSegments).
 
 Runs as its own step of `.ci/run`, after the image step. What podman lacks and the test stands in
 for (the kubelet's volumes and DNS, the pod IP, probes asked from outside, a StatefulSet's pod),
@@ -14,6 +17,7 @@ and what only a real Kubernetes cluster checks, are in dev/kube_play.py and docs
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import subprocess
 import threading
@@ -25,7 +29,7 @@ from typing import Any
 import pytest
 
 from dev import kube_play
-from dev.harness import KafkaCluster, free_port
+from dev.harness import KafkaCluster, free_port, run_tool
 from dev.proxy_process import admin_get
 from dev.waiting import wait_until
 from tests.image.test_image import TAG
@@ -258,7 +262,9 @@ def test_the_sidecar_runs_on_podman_beside_a_broker(
     """The chart's example broker StatefulSet (one replica) with kthrottle as its native sidecar,
     on a broker image built from the harness's Kafka jars: both containers start as the chart
     says, the sidecar's probes and the broker's readiness pass, clients produce and consume
-    through the sidecar, and the sidecar holds a client to the chart's quota."""
+    through the sidecar, the sidecar holds a client to the chart's quota, takes a changed
+    ConfigMap's quota without a restart, and drains when the pod is deleted, losing nothing
+    acknowledged."""
     from confluent_kafka import Producer
 
     ports = {"listen": free_port(), "upstream": free_port(), "admin": free_port()}
@@ -338,7 +344,10 @@ def test_the_sidecar_runs_on_podman_beside_a_broker(
                     failed.append(str(err))
 
             # A client at its defaults: produce and consume through the sidecar.
-            producer = Producer({"bootstrap.servers": bootstrap, "client.id": "podman-client"})
+            # log_level 2: not the reconnection attempts of every producer once the pod is gone.
+            producer = Producer(
+                {"bootstrap.servers": bootstrap, "client.id": "podman-client", "log_level": 2}
+            )
             for i in range(500):
                 producer.produce(topic, f"s{i}".encode(), on_delivery=delivered)
                 producer.poll(0)
@@ -359,6 +368,7 @@ def test_the_sidecar_runs_on_podman_beside_a_broker(
                 {
                     "bootstrap.servers": bootstrap,
                     "client.id": "podman-slow",
+                    "log_level": 2,
                     "batch.size": 65536,
                     "linger.ms": 5,
                     "statistics.interval.ms": 200,
@@ -377,6 +387,59 @@ def test_the_sidecar_runs_on_podman_beside_a_broker(
             assert max(throttles, default=0) > 0, "the client was never told of a throttle"
             status, body = _admin(ports["admin"], "/quotas/entity?client_id=podman-slow", token)
             assert status == 200 and json.loads(body)["producer_byte_rate"]["quota"] == quota, body
+
+            # A changed quota in the ConfigMap reaches the running sidecar; no container restarts
+            # and the pod template (which would roll the StatefulSet) does not change.
+            sidecar_name = f"{pod_name}-{sidecar['name']}"
+            started_at = kube_play.inspect(sidecar_name, podman_env)["State"]["StartedAt"]
+            changed = kube_play.render(
+                {
+                    **values,
+                    "quotas": {**values["quotas"], "clients": {"podman-slow": {"producer_byte_rate": SLOW}}},
+                }
+            )
+            assert (
+                kube_play.only(changed, "StatefulSet")["spec"]["template"] == statefulset["spec"]["template"]
+            ), "a quota change would roll the broker pods"
+            for volume in volumes:
+                volume.write([*(m for m in changed if m["kind"] == "ConfigMap"), objects[-1]])
+
+            def slow_quota() -> bool:
+                status, body = _admin(ports["admin"], "/quotas/entity?client_id=podman-slow", token)
+                return status == 200 and json.loads(body)["producer_byte_rate"].get("quota") == SLOW
+
+            wait_until(slow_quota, 30, "the ConfigMap's new quota never reached the sidecar")
+            assert kube_play.inspect(sidecar_name, podman_env)["State"]["StartedAt"] == started_at, (
+                "restarted"
+            )
+
+            # The pod deleted while a producer has requests in flight through the sidecar (SIGTERM
+            # to both containers, then the pod's grace period): the sidecar drains and exits 0,
+            # and everything it acknowledged is in the broker's log.
+            acked.clear()
+            stop = threading.Event()
+            worker = threading.Thread(target=produce_until, args=(stop, producer, topic, delivered))
+            worker.start()
+            wait_until(lambda: len(acked) > 500, 30, "the producer made no progress through the sidecar")
+            grace = int(spec["terminationGracePeriodSeconds"])
+            stopped = subprocess.run(
+                ["podman", "pod", "stop", "--time", str(grace), pod_name],
+                capture_output=True,
+                text=True,
+                timeout=grace + 60,
+                env=podman_env,
+            )
+            stop.set()
+            worker.join(30)
+            producer.flush(10)
+            assert stopped.returncode == 0, stopped.stderr[-2000:]
+            exit_code = kube_play.inspect(sidecar_name, podman_env)["State"]["ExitCode"]
+            sidecar_log = subprocess.run(
+                ["podman", "logs", sidecar_name], capture_output=True, text=True, timeout=60, env=podman_env
+            )
+            log = sidecar_log.stdout + sidecar_log.stderr
+            assert exit_code == 0, f"the sidecar exited {exit_code}:\n{log[-3000:]}"
+            assert "drain" in log.lower(), log[-3000:]
         except BaseException:
             for container in (sidecar, broker):
                 logs = subprocess.run(
@@ -387,3 +450,18 @@ def test_the_sidecar_runs_on_podman_beside_a_broker(
                 )
                 print(f"--- {container['name']}:\n{logs.stdout}{logs.stderr}")
             raise
+    in_log = _logged_values(tmp_path / "volumes" / "data", topic)
+    late = {v for v in acked if v.startswith(b"late")}
+    print(f"podman: {len(late)} messages acknowledged through the sidecar from the drain's producer")
+    missing = late - in_log
+    assert not missing, f"{len(missing)} acknowledged messages not in the broker's log: {sorted(missing)[:3]}"
+
+
+def _logged_values(data_dir: Path, topic: str) -> set[bytes]:
+    """Every record value in ``topic``'s log segments under a stopped broker's ``data_dir``, as
+    Kafka's own DumpLogSegments prints them."""
+    segments = sorted(str(p) for p in data_dir.glob(f"{topic}-*/*.log"))
+    assert segments, f"no log segments of {topic} in {data_dir}: {sorted(p.name for p in data_dir.iterdir())}"
+    dumped = run_tool("kafka.tools.DumpLogSegments", "--files", ",".join(segments), "--print-data-log")
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    return {m.group(1).encode() for m in re.finditer(r" payload: (\S*)$", dumped.stdout, re.MULTILINE)}
