@@ -3,8 +3,8 @@ rolling update does it: the quotas hold through the mixed versions and nothing a
 
 Three replicas of the previous release (its source from this repository's history,
 ``dev/previous_release.py``) run behind the load balancer in front of the real 3-broker cluster,
-with the cluster-quota exchange on and the config file that release's chart wrote (no
-``config_version``). A greedy producer and a consumer with a fetch quota work through them while
+with the cluster-quota exchange on and a config file without ``config_version`` (which every
+release reads). A greedy producer and a consumer with a fetch quota work through them while
 each replica in turn is stopped with SIGTERM (it drains) and started from this checkout with this
 release's config file. Between steps the old and new replicas share the quotas through the
 exchange, read each other's reports, and none falls back to holding its quota alone.
