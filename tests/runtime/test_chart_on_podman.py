@@ -76,6 +76,13 @@ def _admin(port: int, path: str, token: str) -> tuple[int, str]:
         return 0, repr(exc)
 
 
+def _producer_quota(admin_port: int, token: str, client_id: str) -> float | None:
+    """The producer byte rate quota the pod's proxy holds ``client_id`` to (None: none, or no answer)."""
+    status, body = _admin(admin_port, f"/quotas/entity?client_id={client_id}", token)
+    quota: float | None = json.loads(body)["producer_byte_rate"].get("quota") if status == 200 else None
+    return quota
+
+
 def _service_bootstrap(manifests: list[dict[str, Any]], container: dict[str, Any]) -> str:
     """host:port of the Service's client port, its targetPort resolved against the container's
     named ports (on the host network the pod's port is the host's)."""
@@ -167,11 +174,11 @@ def test_the_gateway_runs_on_podman(
             for volume in volumes:
                 volume.write([kube_play.only(changed, "ConfigMap"), objects[1]])
 
-            def slow_quota() -> bool:
-                status, body = _admin(ports["admin"], "/quotas/entity?client_id=podman-slow", token)
-                return status == 200 and json.loads(body)["producer_byte_rate"].get("quota") == SLOW
-
-            wait_until(slow_quota, 30, "the ConfigMap's new quota never reached the proxy")
+            wait_until(
+                lambda: _producer_quota(ports["admin"], token, "podman-slow") == SLOW,
+                30,
+                "the ConfigMap's new quota never reached the proxy",
+            )
             assert kube_play.inspect(name, podman_env)["State"]["StartedAt"] == started_at, "restarted"
 
             # The pod deleted while a producer has requests in flight, as Kubernetes deletes it
@@ -179,25 +186,8 @@ def test_the_gateway_runs_on_podman(
             # `kube down` stops with no grace at all, so the pod is stopped first and `kube down`
             # then removes it): the proxy drains, no delivery fails before it has gone, it exits
             # 0, and everything acknowledged is in the topic.
-            acked.clear()
-            stop = threading.Event()
-
-            worker = threading.Thread(target=produce_until, args=(stop, producer, topic, delivered))
-            worker.start()
-            wait_until(lambda: len(acked) > 500, 30, "the producer made no progress")
             grace = int(deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"])
-            stopped = subprocess.run(
-                ["podman", "pod", "stop", "--time", str(grace), pod_name],
-                capture_output=True,
-                text=True,
-                timeout=grace + 60,
-                env=podman_env,
-            )
-            gone = time.monotonic()
-            stop.set()
-            worker.join(30)
-            producer.flush(10)
-            assert stopped.returncode == 0, stopped.stderr[-2000:]
+            gone = _stop_under_producer(pod_name, grace, podman_env, producer, topic, delivered, acked)
             exit_code = kube_play.inspect(name, podman_env)["State"]["ExitCode"]
             down = subprocess.run(
                 ["podman", "kube", "down", str(kube_file)],
@@ -216,6 +206,41 @@ def test_the_gateway_runs_on_podman(
     assert not during, f"{len(during)} deliveries failed before the pod was gone: {during[:3]}"
     in_topic = _read_all(kafka_broker.bootstrap_servers, topic, set(acked))
     assert set(acked) <= in_topic, f"{len(set(acked) - in_topic)} acknowledged messages missing"
+
+
+def _stop_under_producer(
+    pod_name: str,
+    grace: int,
+    env: dict[str, str],
+    producer: Any,
+    topic: str,
+    delivered: Any,
+    acked: list[bytes],
+) -> float:
+    """The pod stopped as Kubernetes deletes it (SIGTERM, then ``grace`` seconds before a SIGKILL;
+    podman 4.3's own `kube down` gives no grace at all) once ``producer`` has had 500 messages
+    acknowledged (``acked`` cleared first) and while it keeps requests in flight; returns when it
+    was gone (monotonic). The producer stops then and flushes what it can."""
+    acked.clear()
+    stop = threading.Event()
+    worker = threading.Thread(target=produce_until, args=(stop, producer, topic, delivered))
+    worker.start()
+    try:
+        wait_until(lambda: len(acked) > 500, 30, "the producer made no progress through the pod")
+        stopped = subprocess.run(
+            ["podman", "pod", "stop", "--time", str(grace), pod_name],
+            capture_output=True,
+            text=True,
+            timeout=grace + 60,
+            env=env,
+        )
+        gone = time.monotonic()
+    finally:
+        stop.set()
+        worker.join(30)
+    producer.flush(10)
+    assert stopped.returncode == 0, stopped.stderr[-2000:]
+    return gone
 
 
 def _read_all(bootstrap: str, topic: str, want: set[bytes], group: str = "") -> set[bytes]:
@@ -404,11 +429,11 @@ def test_the_sidecar_runs_on_podman_beside_a_broker(
             for volume in volumes:
                 volume.write([*(m for m in changed if m["kind"] == "ConfigMap"), objects[-1]])
 
-            def slow_quota() -> bool:
-                status, body = _admin(ports["admin"], "/quotas/entity?client_id=podman-slow", token)
-                return status == 200 and json.loads(body)["producer_byte_rate"].get("quota") == SLOW
-
-            wait_until(slow_quota, 30, "the ConfigMap's new quota never reached the sidecar")
+            wait_until(
+                lambda: _producer_quota(ports["admin"], token, "podman-slow") == SLOW,
+                30,
+                "the ConfigMap's new quota never reached the sidecar",
+            )
             assert kube_play.inspect(sidecar_name, podman_env)["State"]["StartedAt"] == started_at, (
                 "restarted"
             )
@@ -416,23 +441,8 @@ def test_the_sidecar_runs_on_podman_beside_a_broker(
             # The pod deleted while a producer has requests in flight through the sidecar (SIGTERM
             # to both containers, then the pod's grace period): the sidecar drains and exits 0,
             # and everything it acknowledged is in the broker's log.
-            acked.clear()
-            stop = threading.Event()
-            worker = threading.Thread(target=produce_until, args=(stop, producer, topic, delivered))
-            worker.start()
-            wait_until(lambda: len(acked) > 500, 30, "the producer made no progress through the sidecar")
             grace = int(spec["terminationGracePeriodSeconds"])
-            stopped = subprocess.run(
-                ["podman", "pod", "stop", "--time", str(grace), pod_name],
-                capture_output=True,
-                text=True,
-                timeout=grace + 60,
-                env=podman_env,
-            )
-            stop.set()
-            worker.join(30)
-            producer.flush(10)
-            assert stopped.returncode == 0, stopped.stderr[-2000:]
+            _stop_under_producer(pod_name, grace, podman_env, producer, topic, delivered, acked)
             exit_code = kube_play.inspect(sidecar_name, podman_env)["State"]["ExitCode"]
             sidecar_log = subprocess.run(
                 ["podman", "logs", sidecar_name], capture_output=True, text=True, timeout=60, env=podman_env
