@@ -7,7 +7,7 @@ collects the answer (docs/operations.md, "kafka-python: a leader that stops afte
 change"; `dev/kafka_python_stall.py` reproduces it against a real broker).
 
 The harness's consumers start right after their topics are created, and kafka-python's first
-JoinGroup often beats its first Metadata answer naming the topic: the leader assigns nothing,
+JoinGroup can beat its first Metadata answer naming the topic: the leader assigns nothing,
 the answer then changes its metadata snapshot, and that is the metadata-started rebalance.
 Subscribing and waiting until the group coordinator's snapshot knows every topic's partitions
 before the first ``poll`` removes that precondition; the stall itself is kafka-python's to fix.
@@ -33,8 +33,9 @@ def group_consumer(topics: str | Sequence[str], *, timeout: float = 30.0, **conf
     consumer = KafkaConsumer(**config)
     try:
         consumer.subscribe(names)
-        # kafka-python's I/O thread answers the Metadata request subscribe() asked for; the snapshot
-        # is what the leader assigns from (a private attribute: kafka-python is pinned below 3.1).
+        # kafka-python's I/O thread sends the Metadata request subscribe() asked for and applies the
+        # answer; the snapshot is what a leader assigns from (a private attribute: kafka-python is
+        # pinned below 3.1).
         coordinator = consumer._coordinator
         deadline = time.monotonic() + timeout
         while not all(coordinator._metadata_snapshot.get(name) for name in names):
