@@ -12,7 +12,6 @@ exchange, read each other's reports, and none falls back to holding its quota al
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 import uuid
@@ -34,7 +33,7 @@ MiB = 1024 * 1024
 PRODUCE_QUOTA = 2 * MiB
 FETCH_QUOTA = 1 * MiB
 WINDOW = {"num": 11, "size_seconds": 0.5}
-STEP_CEILING = 1.2  # no step over the quota by more than this
+STEP_CEILING, STEP_SECONDS = 1.2, 6  # the producer in the 6 s after each replacement
 QUOTAS: dict[str, Any] = {
     "window": WINDOW,
     "clients": {
@@ -115,6 +114,7 @@ def test_a_gateway_rolled_from_the_previous_release_keeps_its_quotas_and_data(
     assert all(r.source != REPO for r in gw.replicas)
     topic = f"roll-{uuid.uuid4().hex[:6]}"
     kafka_cluster3.create_topic(topic, partitions=6, replication=1)
+
     stop = threading.Event()
     acked: list[tuple[float, int]] = []
     fetched: list[tuple[float, int]] = []
@@ -124,6 +124,7 @@ def test_a_gateway_rolled_from_the_previous_release_keeps_its_quotas_and_data(
         ),
         threading.Thread(target=consume, args=(gw.bootstrap, topic, stop, fetched)),
     ]
+
     start = time.monotonic()
     for worker in workers:
         worker.start()
@@ -153,22 +154,22 @@ def test_a_gateway_rolled_from_the_previous_release_keeps_its_quotas_and_data(
     ]
     produce_rate = rate_between(acked, roll_start, end)
     fetch_rate = rate_between(fetched, roll_start, end)
-    # Each step on its own, from one replica's replacement to the next (the last to the end):
-    # averaging the whole roll could hide one step's excess under another's reconnections.
-    per_step = [
-        (
-            round(rate_between(acked, a, b) / PRODUCE_QUOTA, 2),
-            round(rate_between(fetched, a, b) / FETCH_QUOTA, 2),
-        )
-        for a, b in itertools.pairwise([*step_starts, end])
+    # The seconds after each replacement, on their own: a replica new to the exchange is where a
+    # version mix would let a client through twice, and the whole roll's average could hide it
+    # under the other steps' reconnections. Over a quota's window (5.5 s) at least, as Kafka holds
+    # a rate. The producer's acknowledgements are fine-grained; the consumer's answers come in
+    # lumps of up to 6 MiB (1 MiB a partition), so over a few seconds its rate reads anywhere from
+    # 0 to 3 times its quota, and the whole roll bounds it below.
+    after_step = [
+        round(rate_between(acked, at, min(at + STEP_SECONDS, end)) / PRODUCE_QUOTA, 2) for at in step_starts
     ]
     # Messages as text: pytest shortens a tuple's repr, and the whole series says where it went over.
     why = (
-        f"steps {steps}; per step (produce, fetch) {per_step}; "
+        f"steps {steps}; produce in the {STEP_SECONDS} s after each step {after_step}; "
         f"produce per 2 s {produce_series}; fetch per 2 s {fetch_series}"
     )
     print(why)
-    assert all(p <= STEP_CEILING and f <= STEP_CEILING for p, f in per_step), why
+    assert max(after_step) <= STEP_CEILING, why
     # Never over the quota through the roll; a little under, as each step drops the connections
     # its replica had and the clients reconnect (as they would through a broker's restart).
     assert 0.75 * PRODUCE_QUOTA <= produce_rate <= 1.1 * PRODUCE_QUOTA, (
