@@ -114,7 +114,6 @@ def test_a_gateway_rolled_from_the_previous_release_keeps_its_quotas_and_data(
     assert all(r.source != REPO for r in gw.replicas)
     topic = f"roll-{uuid.uuid4().hex[:6]}"
     kafka_cluster3.create_topic(topic, partitions=6, replication=1)
-
     stop = threading.Event()
     acked: list[tuple[float, int]] = []
     fetched: list[tuple[float, int]] = []
@@ -124,7 +123,6 @@ def test_a_gateway_rolled_from_the_previous_release_keeps_its_quotas_and_data(
         ),
         threading.Thread(target=consume, args=(gw.bootstrap, topic, stop, fetched)),
     ]
-
     start = time.monotonic()
     for worker in workers:
         worker.start()
