@@ -15,15 +15,16 @@ before the first ``poll`` removes that precondition; the stall itself is kafka-p
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
+
+from dev.waiting import wait_until
 
 
 def group_consumer(topics: str | Sequence[str], *, timeout: float = 30.0, **config: Any) -> Any:
     """A ``KafkaConsumer`` subscribed to ``topics`` whose first join already knows their partitions.
 
-    ``config`` is KafkaConsumer's (``group_id`` required). Raises ``TimeoutError`` naming the
+    ``config`` is KafkaConsumer's (``group_id`` required). Raises ``WaitTimeout`` naming the
     topics when their partitions are not known within ``timeout`` seconds."""
     from kafka import KafkaConsumer
 
@@ -37,11 +38,12 @@ def group_consumer(topics: str | Sequence[str], *, timeout: float = 30.0, **conf
         # answer; the snapshot is what a leader assigns from (a private attribute: kafka-python is
         # pinned below 3.1).
         coordinator = consumer._coordinator
-        deadline = time.monotonic() + timeout
-        while not all(coordinator._metadata_snapshot.get(name) for name in names):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"kafka-python learned no partitions of {names} within {timeout:g} s")
-            time.sleep(0.02)
+        wait_until(
+            lambda: all(coordinator._metadata_snapshot.get(name) for name in names),
+            timeout,
+            f"kafka-python learned no partitions of {names} within {timeout:g} s",
+            every=0.02,
+        )
     except BaseException:
         consumer.close()
         raise
