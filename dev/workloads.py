@@ -47,6 +47,7 @@ class ThrottleWatch:
 @dataclass
 class StormResult:
     created: list[float] = field(default_factory=list)  # seconds from start, one per acked producer
+    started: float = 0.0  # the start (time.monotonic())
     steady_throttles: ThrottleWatch = field(default_factory=ThrottleWatch)
     steady_errors: list[str] = field(default_factory=list)
     steady_delivered: int = 0
@@ -64,15 +65,16 @@ def producer_id_storm(
     steady_topic: str,
     seconds: float,
     threads: int = 8,
+    until: threading.Event | None = None,
 ) -> StormResult:
     """``threads`` loops each start an idempotent librdkafka producer (a new producer id), send one
     record, wait for it and drop the producer, as fast as they can; beside them one long-lived
-    idempotent producer sends steadily. Runs for ``seconds``."""
+    idempotent producer sends steadily. Runs for ``seconds``, or until ``until`` is set when given."""
     from confluent_kafka import Producer
 
     result = StormResult()
     stop = threading.Event()
-    start = time.monotonic()
+    start = result.started = time.monotonic()
 
     def short_lived() -> None:
         while not stop.is_set():
@@ -105,7 +107,10 @@ def producer_id_storm(
 
     with ThreadPoolExecutor(max_workers=threads + 1) as pool:
         futures = [pool.submit(short_lived) for _ in range(threads)] + [pool.submit(long_lived)]
-        time.sleep(seconds)
+        if until is None:
+            time.sleep(seconds)
+        else:
+            until.wait()
         stop.set()
         for future in futures:
             future.result(timeout=90)

@@ -27,6 +27,7 @@ reads the topic and runs the probes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 
@@ -61,13 +62,17 @@ class ClusterLink:
     """What the quota tables read at each request while the exchange runs: the mode, refreshed
     by the exchange a few times a second (plain attributes: nothing is computed per request)."""
 
-    __slots__ = ("drip_ms", "instances", "local_only", "multiplier")
+    __slots__ = ("alone_since_ms", "drip_ms", "instances", "local_only", "multiplier", "sharing_since_ms")
 
     def __init__(self, drip_ms: float = 250.0) -> None:
         self.multiplier = 1.0
         self.local_only = False
         self.instances = 1
         self.drip_ms = drip_ms  # the others' usage is added over this long (their report interval)
+        # Since when this replica has read the others' usage (it joined, or rejoined after holding
+        # its part alone): before then it does not know what they gave out.
+        self.sharing_since_ms = -math.inf
+        self.alone_since_ms = -math.inf  # since when it last began to hold its part alone
 
     def set_mode(self, mode: ClusterMode) -> None:
         self.multiplier, self.local_only, self.instances = mode.multiplier, mode.local_only, mode.instances

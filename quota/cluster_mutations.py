@@ -59,3 +59,22 @@ class MutationLog:
     def tokens(self, bucket: Bucket) -> float | None:
         found = self.buckets.get(bucket)
         return None if found is None else found.tokens(self.clock_ms)
+
+
+class Alone:
+    """A replica deciding cluster-wide mutation quotas by itself: since when, and the replay it
+    read (None: none yet, as a replica starting before it read the exchange)."""
+
+    __slots__ = ("log", "since_ms")
+
+    def __init__(self, since_ms: float, log: MutationLog | None) -> None:
+        self.since_ms = since_ms
+        self.log = log
+
+    def left(self, bucket: Bucket, burst: float) -> float:
+        """The tokens the replay's bucket had last (a debt stays a debt); a bucket the replay does
+        not hold is full (it drops full ones); nothing is known to be left without a replay."""
+        if self.log is None:
+            return 0.0
+        tokens = self.log.tokens(bucket)
+        return burst if tokens is None else tokens

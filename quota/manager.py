@@ -453,9 +453,15 @@ class ByteRateQuotas:
             if history is not None:
                 untaken = self._untaken(history, quota, burst, now_ms)
                 if self.cluster is not None:
-                    # Across replicas a bucket made here joins one the others may hold, paid
-                    # up: its history's debt was theirs to throttle. No burst either: the
-                    # bucket is busy.
+                    # Across replicas a bucket made here joins one the others may hold. Its
+                    # history holds the others' usage only since this replica began to read
+                    # it: the part of the window before then is taken as used at the quota (a
+                    # replica rolled in a second before a busy client's connections moved to it
+                    # gave them most of a burst the others had spent). Paid up: its history's
+                    # debt was theirs to throttle.
+                    unseen_ms = history.window_ms(now_ms) - (now_ms - self.cluster.sharing_since_ms)
+                    if unseen_ms > 0:
+                        untaken -= quota * unseen_ms / 1000.0
                     untaken = max(0.0, untaken)
                     if self.cluster.local_only:
                         # Holding its part alone (starting, reconnecting, cut off), this replica

@@ -27,6 +27,7 @@ from quota.rate import QuotaWindow, SampledRate
 from quota.token_bucket import TokenBucket
 
 if TYPE_CHECKING:  # at run time any object with these attributes (quota.plain_config)
+    from quota.cluster_mutations import Alone
     from quota.config import QuotaConfig
 
 
@@ -52,12 +53,13 @@ class Admission:
 class _State:
     """A live bucket: its tokens, its rate of accepted mutations, and who last used it."""
 
-    __slots__ = ("entity", "rate", "throttled_ms", "tokens")
+    __slots__ = ("aligned_ms", "entity", "rate", "throttled_ms", "tokens")
 
     def __init__(self, tokens: TokenBucket, rate: SampledRate, entity: tuple[str, str]) -> None:
         self.tokens = tokens
         self.rate = rate
         self.throttled_ms = 0.0  # throttle decided against this bucket so far (for metrics)
+        self.aligned_ms = -math.inf  # when last brought down to what the replicas' replay left
         self.entity = entity  # the (user, client-id) that last matched it, to re-resolve on reconfigure
 
 
@@ -129,6 +131,7 @@ class MutationQuotas:
         strict: bool,
         now_ms: float,
         scale: float = 1.0,
+        alone: Alone | None = None,
     ) -> Admission:
         """Decide a CreateTopics, CreatePartitions or DeleteTopics request, charging what it may do.
 
@@ -137,6 +140,12 @@ class MutationQuotas:
         that of the last refusal, 0 when none was refused. Permissive, as Kafka's
         PermissiveControllerMutationQuota: charge every topic, then throttle while below zero.
         The mutation rate counts what was charged, as it shares Kafka's sensor with the bucket.
+
+        ``alone``: a replica deciding a cluster-wide quota by itself (``scale`` its part). Its own
+        bucket is not the replicas' one: at its first decision since it began to hold its part
+        alone, the bucket holds at most its part of what the replicas' replay left, and nothing
+        when it never read the replay (a replica rolled in, deciding before it read the exchange,
+        gave a third of a burst the others had spent).
         """
         match = self.match(user, client_id)
         if match is None:
@@ -145,6 +154,9 @@ class MutationQuotas:
         quota = match.quota * scale  # a replica's part of a cluster-wide quota, while it holds it alone
         if state.tokens.rate != quota:
             state.tokens.reconfigure(quota, self.burst(quota), now_ms)
+        if alone is not None and state.aligned_ms < alone.since_ms:
+            state.tokens.cap(alone.left(match.bucket, self.burst(match.quota)) * scale, now_ms)
+            state.aligned_ms = now_ms
         accepted, throttle_ms, charged = admit_costs(state.tokens, costs, strict, now_ms)
         if charged:
             state.rate.record(charged, now_ms)

@@ -159,6 +159,7 @@ class ClusterQuotaService:
         self.link = ClusterLink()
         self.mode = self.membership.mode(enforcer.now_ms())
         self.link.set_mode(self.mode)
+        self.link.alone_since_ms = enforcer.now_ms()  # starting: alone until it reads the exchange
         enforcer.attach_cluster(self.link, self)
         self.admin_port: int | None = cfg.admin.port if cfg.admin.enabled and cfg.admin.port else None
         self.host = peer_host(cfg)
@@ -390,10 +391,13 @@ class ClusterQuotaService:
             # Own usage not reported yet goes into the buckets now; from now on, at once.
             self.enforcer.produce.settle(now)
             self.enforcer.fetch.settle(now)
+            self.link.alone_since_ms = now
         previous, self.mode = self.mode, mode
         self.link.set_mode(mode)
         if (mode.multiplier, mode.local_only) != (previous.multiplier, previous.local_only):
             rejoined = previous.local_only and not mode.local_only
+            if rejoined:
+                self.link.sharing_since_ms = now
             self.enforcer.produce.mode_changed(rejoined, now)
             self.enforcer.fetch.mode_changed(rejoined, now)
         self.metrics.instances.set(mode.instances)

@@ -24,7 +24,7 @@ from proxy.ratelog import RateLimitedLog
 from proxy.shared.topic_names import TopicNames
 from quota.client_id_policy import ClientIdPolicy
 from quota.cluster import ClusterLink
-from quota.cluster_mutations import LogAdmission, MutationLog
+from quota.cluster_mutations import Alone, LogAdmission, MutationLog
 from quota.cluster_report import MutationRecord
 from quota.config import QuotaConfig
 from quota.connections import ConnectionRateQuotas
@@ -527,9 +527,16 @@ class QuotaEnforcer:
         strict = state.strict
         admitted = await self._admit_across_replicas(user, client_id, state)
         if admitted is None:
-            shared = self._mutation_shared(user, client_id) and self.cluster is not None
-            scale = self.cluster.multiplier if shared and self.cluster is not None else 1.0
-            admitted = self.mutations.admit(user, client_id, state.costs, strict, self.now_ms(), scale)
+            now = self.now_ms()
+            link = self.cluster if self._mutation_shared(user, client_id) else None
+            scale, alone = 1.0, None
+            if link is not None:
+                # Its part, from what the replay left when it began to decide alone (each time,
+                # when the exchange is up but did not answer in time).
+                scale = link.multiplier
+                since = link.alone_since_ms if link.local_only else now
+                alone = Alone(since, self.mutation_log if link.sharing_since_ms > -math.inf else None)
+            admitted = self.mutations.admit(user, client_id, state.costs, strict, now, scale, alone)
         state.bucket = admitted.bucket
         name = api_name(state.api_key) or str(state.api_key)
         bound = self.cfg.max_throttle_ms

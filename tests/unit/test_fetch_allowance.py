@@ -318,3 +318,27 @@ def test_a_consumer_moving_to_a_replica_that_read_its_usage_gets_no_burst() -> N
     allowed = q.fetch_allowance("u", "c", 10_100.0)
     assert allowed is not None and allowed <= QUOTA  # a window sample's worth, not the burst
     assert q.fetch_wait_ms("u", "c", 10_100.0) == 0  # nothing in flight yet: it goes now
+
+
+@pytest.mark.parametrize("joined_ms_ago", [1000.0, None])
+def test_a_replica_new_to_the_exchange_gives_a_new_bucket_only_the_burst_it_saw_unspent(
+    joined_ms_ago: float | None,
+) -> None:
+    """A replica that began reading the others' usage a second ago does not know what they gave
+    out before: the window's part before then counts as used at the quota. (Rolled in while a
+    producer-id storm made the exchange quick to join, a replica took a greedy producer's
+    connections a second later with most of a burst the others had spent: 1.5 times the quota
+    for the next 6 s.) A replica that has read the exchange for a whole window gives a bucket new
+    to all replicas Kafka's burst."""
+    cfg = QuotaConfig.model_validate({"clients": {"c": {"producer_byte_rate": QUOTA}}})
+    q = ByteRateQuotas(cfg, produce=True, now_ms=0.0)
+    link = ClusterLink()
+    link.set_mode(ClusterMode(1.0, False, 3, ""))
+    if joined_ms_ago is not None:
+        link.sharing_since_ms = 20_000.0 - joined_ms_ago
+    q.cluster = link
+    first = q.record("u", "c", 2 * QUOTA, [], 20_000.0)
+    if joined_ms_ago is not None:
+        assert first.throttle_ms == pytest.approx(1000, abs=5)  # a second's worth was free
+    else:
+        assert first.throttle_ms == 0  # within the burst

@@ -257,3 +257,43 @@ def test_state_is_json_and_counts_throttle() -> None:
         "throttle_ms": 4000,
         "throttle_ms_total": 9000.0,
     }
+
+
+# --- a gateway replica deciding a cluster-wide quota alone ------------------------------------
+
+
+def test_a_replica_that_never_read_the_replay_starts_its_part_with_no_burst() -> None:
+    """Starting, before it read the exchange, a replica decides alone on its third of the quota.
+    A fresh bucket of its own would hold a third of a burst the others may have spent (a rolling
+    upgrade measured 1.31 times the mutation quota); it holds nothing until it refills."""
+    from quota.cluster_mutations import Alone
+
+    q = MutationQuotas(_app(3.0), T0)
+    first = q.admit("u", "app", [2], True, T0, 1 / 3, Alone(T0, None))
+    assert first.accepted == (True,)  # strict: charged when the bucket is not below zero
+    second = q.admit("u", "app", [2], True, T0 + 100, 1 / 3, Alone(T0, None))
+    assert second.accepted == (False,) and second.throttle_ms > 0
+    alone = MutationQuotas(_app(3.0), T0)  # a single proxy: Kafka's burst
+    assert all(alone.admit("u", "app", [2], True, T0, 1.0).accepted == (True,) for _ in range(5))
+
+
+def test_a_replica_cut_off_holds_its_part_of_what_the_replay_left() -> None:
+    """Cut off after it read the exchange, a replica's own bucket holds its part of the tokens
+    the replicas' one bucket had (a debt stays a debt); a bucket the replay dropped was full."""
+    from quota.cluster_mutations import Alone, MutationLog
+    from quota.cluster_report import MutationRecord
+
+    log = MutationLog()
+    spent = MutationRecord("b", 1, "u", "app", ("", "app"), (27,), False, 3.0, 10.0)
+    log.apply(spent, T0)  # 30 tokens less 27: 3 left
+    q = MutationQuotas(_app(3.0), T0)
+    decided = q.admit("u", "app", [1], True, T0, 1 / 3, Alone(T0, log))
+    assert decided.tokens == pytest.approx(3 / 3 - 1)
+    # Aligned once: from then on its own decisions alone count (3 s refilled at its part, 1/s),
+    # until it is alone again.
+    assert q.admit("u", "app", [1], True, T0 + 3000, 1 / 3, Alone(T0, log)).tokens == pytest.approx(2)
+    again = q.admit("u", "app", [1], True, T0 + 3000, 1 / 3, Alone(T0 + 3000, log))
+    assert again.tokens == pytest.approx(3 / 3 - 1)
+    fresh = MutationQuotas(_app(3.0), T0)
+    full = fresh.admit("u", "app", [1], True, T0, 1 / 3, Alone(T0, MutationLog()))
+    assert full.tokens == pytest.approx(30 / 3 - 1)
