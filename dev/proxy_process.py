@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -229,3 +231,28 @@ def admin_get(url: str, token: str | None) -> tuple[int, str]:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+_DRAIN = re.compile(
+    r"drain: (\d+) of (\d+) connections closed after their last answer in [\d.]+s; "
+    r"(\d+) cut with (\d+) requests unanswered"
+)
+
+
+@dataclass(frozen=True)
+class DrainSummary:
+    """A proxy's own account of its drain at shutdown (its last ``drain:`` log line): a client's
+    retries hide a request cut by the proxy, so the proxy's count is what a test judges by."""
+
+    answered: int  # connections closed after their last answer
+    connections: int  # open when the drain began
+    cut: int  # closed with requests in flight (by the grace, or a broker or client that went)
+    unanswered: int  # requests read from clients and never answered
+
+    @classmethod
+    def from_log(cls, log: str) -> DrainSummary:
+        found = _DRAIN.findall(log)
+        if not found:
+            raise AssertionError(f"no drain summary in the proxy's log:\n{log[-3000:]}")
+        answered, connections, cut, unanswered = (int(n) for n in found[-1])
+        return cls(answered, connections, cut, unanswered)

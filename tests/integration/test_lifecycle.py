@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from dev.harness import KafkaCluster, free_port
-from dev.proxy_process import REPO, ProxyProcess, gateway_config, sidecar_config
+from dev.proxy_process import REPO, DrainSummary, ProxyProcess, gateway_config, sidecar_config
 from dev.waiting import wait_until
 from tests.integration.clients import (
     assert_same_messages,
@@ -186,6 +186,10 @@ def test_sigterm_drains_and_exits(kafka_broker: KafkaCluster, tmp_path: Path) ->
     assert acked, "nothing was produced before shutdown"
     log = proxy.log_text()
     assert "shutting down" in log and "stopped" in log
+    drain = DrainSummary.from_log(log)
+    # The producer's connections were open, and each closed after its last answer: none cut.
+    assert drain.connections >= 1 and drain.answered == drain.connections, drain
+    assert drain.cut == 0 and drain.unanswered == 0, drain
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", proxy.ports["bootstrap"]), timeout=2)
 
