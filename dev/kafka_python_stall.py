@@ -37,33 +37,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dev.harness import KafkaCluster
 from dev.waiting import WaitTimeout, wait_until
 
-SYNC_GROUP = 14
+METADATA, SYNC_GROUP = 3, 14
 POLL_MS = 500
 
 
-class SyncGroupDelayRelay:
-    """Forwards one listener's connections, holding each SyncGroup answer ``delay`` seconds."""
+class DelayRelay:
+    """Forwards one listener's connections, holding each answer of the API keys in ``delays`` that
+    many seconds (answers on a connection stay in order: those after a held one wait too)."""
 
-    def __init__(self, listen_port: int, target_port: int, delay: float) -> None:
-        self.listen_port, self.target_port, self.delay = listen_port, target_port, delay
+    def __init__(self, listen_port: int, target_port: int, delays: dict[int, float]) -> None:
+        self.listen_port, self.target_port, self.delays = listen_port, target_port, delays
         self.held = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
 
     def start(self) -> None:
-        threading.Thread(target=self._run, name="relay", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name="relay", daemon=True)
+        self._thread.start()
         if not self._ready.wait(10):
             raise RuntimeError("the relay did not start")
 
+    def stop(self) -> None:
+        """Stop listening (the port is free again) and end the relay's thread."""
+        self._loop.call_soon_threadsafe(self._server.close)
+        self._thread.join(10)
+
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._serve())
+        with contextlib.suppress(asyncio.CancelledError):  # serve_forever ends so when closed
+            self._loop.run_until_complete(self._serve())
 
     async def _serve(self) -> None:
-        server = await asyncio.start_server(self._handle, "127.0.0.1", self.listen_port)
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.listen_port)
         self._ready.set()
-        async with server:
-            await server.serve_forever()
+        async with self._server:
+            await self._server.serve_forever()
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         broker_r, broker_w = await asyncio.open_connection("127.0.0.1", self.target_port)
@@ -83,9 +91,10 @@ class SyncGroupDelayRelay:
         async def responses() -> None:
             while True:
                 data = await frame(broker_r)
-                if api_keys.pop(struct.unpack(">i", data[4:8])[0], None) == SYNC_GROUP and self.delay:
+                delay = self.delays.get(api_keys.pop(struct.unpack(">i", data[4:8])[0], -1), 0.0)
+                if delay:
                     self.held += 1
-                    await asyncio.sleep(self.delay)
+                    await asyncio.sleep(delay)
                 client_w.write(data)
 
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
@@ -119,7 +128,7 @@ def run(delay: float, wait: float, java_fix: bool) -> dict[str, Any]:
 
     with KafkaCluster(brokers=1, relayed_listeners=("RELAY",)) as cluster:
         bound, advertised = cluster.nodes[0].relayed["RELAY"]
-        relay = SyncGroupDelayRelay(advertised, bound, delay)
+        relay = DelayRelay(advertised, bound, {SYNC_GROUP: delay})
         relay.start()
         topic, group = f"stall-{uuid.uuid4().hex[:6]}", f"stall-{uuid.uuid4().hex[:6]}"
         cluster.create_topic(topic, 2)

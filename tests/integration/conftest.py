@@ -53,8 +53,9 @@ def discard_cluster(cluster: KafkaCluster) -> None:
 
 @pytest.fixture(scope="session")
 def kafka_broker() -> Iterator[KafkaCluster]:
-    """A single KRaft broker+controller on loopback, shared by the session."""
-    cluster = _started(1)
+    """A single KRaft broker+controller on loopback, shared by the session. Its listener RELAY is
+    advertised at a port where a test may put a relay (a client's answers held there)."""
+    cluster = _started(1, relayed_listeners=("RELAY",))
     try:
         yield cluster
     finally:
