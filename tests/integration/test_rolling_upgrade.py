@@ -8,7 +8,7 @@ release reads). A client of every quota family the exchange shares works through
 replica in turn is stopped with SIGTERM (it drains) and started from this checkout with this
 release's config file: a greedy producer (client byte rate), a consumer (fetch byte rate), a
 producer to a topic with a partition quota (KIP-1010), a storm of short-lived idempotent
-producers (KIP-936 producer ids) and an admin client creating and deleting topics (KIP-599
+producers (KIP-936 producer ids) and two admin clients creating and deleting topics (KIP-599
 controller mutations). Between steps the old and new replicas share the quotas through the
 exchange, read each other's reports, and none falls back to holding its quota alone.
 """
@@ -241,19 +241,23 @@ def test_a_gateway_rolled_from_the_previous_release_keeps_its_quotas_and_data(
             assert unreadable(gw) == [0, 0, 0], (steps, gw.logs())
         time.sleep(2)
     finally:
-        # The rates end here: the admin client and the storm's producers take a few seconds to
+        # The rates end here: the admin clients and the storm's producers take a few seconds to
         # finish what they have out, while the consumer has already stopped.
         end = time.monotonic()
         stop.set()
         for worker in workers:
             worker.join(60)
     assert all(r.source == REPO for r in gw.replicas)
-    produce_series = [
-        round(rate_between(acked, t, t + 2) / PRODUCE_QUOTA, 2) for t in range(int(start), int(end) - 1, 2)
-    ]
-    fetch_series = [
-        round(rate_between(fetched, t, t + 2) / FETCH_QUOTA, 2) for t in range(int(start), int(end) - 1, 2)
-    ]
+
+    def per_2s(events: list[tuple[float, int]], quota: float) -> list[float]:
+        """Times the quota, every 2 s of the run (where it went over, for the messages)."""
+        return [round(rate_between(events, t, t + 2) / quota, 2) for t in range(int(start), int(end) - 1, 2)]
+
+    def after_steps(events: list[tuple[float, int]], quota: float) -> list[float]:
+        """Times the quota in the STEP_SECONDS after each replacement."""
+        return [round(rate_between(events, at, min(at + STEP_SECONDS, end)) / quota, 2) for at in step_starts]
+
+    produce_series, fetch_series = per_2s(acked, PRODUCE_QUOTA), per_2s(fetched, FETCH_QUOTA)
     produce_rate = rate_between(acked, roll_start, end)
     fetch_rate = rate_between(fetched, roll_start, end)
     # The seconds after each replacement, on their own: a replica new to the exchange is where a
@@ -262,21 +266,13 @@ def test_a_gateway_rolled_from_the_previous_release_keeps_its_quotas_and_data(
     # a rate. The producer's acknowledgements are fine-grained; the consumer's answers come in
     # lumps of up to 6 MiB (1 MiB a partition), so over a few seconds its rate reads anywhere from
     # 0 to 3 times its quota, and the whole roll bounds it below.
-    after_step = [
-        round(rate_between(acked, at, min(at + STEP_SECONDS, end)) / PRODUCE_QUOTA, 2) for at in step_starts
-    ]
-    partition_after_step = [
-        round(rate_between(acked_t, at, min(at + STEP_SECONDS, end)) / (2 * PARTITION_QUOTA), 2)
-        for at in step_starts
-    ]
+    after_step = after_steps(acked, PRODUCE_QUOTA)
+    partition_after_step = after_steps(acked_t, 2 * PARTITION_QUOTA)
     partition_rate = rate_between(acked_t, roll_start, end) / (2 * PARTITION_QUOTA)
     (storm,) = storms
     pids_rate = storm.rate(roll_start - storm.started, end - storm.started) / PIDS_RATE
     mutation_rate = rate_between(mutations, roll_start, end) / MUTATION_RATE
-    mutation_series = [
-        round(rate_between(mutations, t, t + 2) / MUTATION_RATE, 2)
-        for t in range(int(start), int(end) - 1, 2)
-    ]
+    mutation_series = per_2s(mutations, MUTATION_RATE)
     # Messages as text: pytest shortens a tuple's repr, and the whole series says where it went over.
     why = (
         f"steps {steps}; produce in the {STEP_SECONDS} s after each step {after_step}; "
@@ -307,7 +303,7 @@ def test_a_gateway_rolled_from_the_previous_release_keeps_its_quotas_and_data(
     assert 0.6 <= partition_rate <= 1.1, why
     # New producer ids and controller mutations are counted once across the replicas: three
     # replicas each holding the whole quota, or a new one granting a fresh burst (a third of a
-    # burst of mutations read 1.3-1.44 before a starting replica held none), would show here.
+    # burst of mutations read 1.31 before a starting replica held none), would show here.
     # Mutations are counted in whole topics of 4 partitions, and a throttled (not refused) request
     # is charged whole: two admin clients may each take one topic's worth more than the bucket
     # holds (8 of about 50 in a roll). Neither client is starved: each step cuts a connection or
