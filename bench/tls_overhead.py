@@ -8,6 +8,10 @@ figures, then one JSON line:
 
   tls_producer_throughput_ratio   proxy / direct records/s, ProducerPerformance, 1 KiB records, acks=1
   tls_consumer_throughput_ratio   proxy / direct records/s, ConsumerPerformance over the same topic
+  tls_proxy_cpu_s_per_gb          the proxy process's CPU seconds (utime + stime) per GB (1e9 bytes)
+                                  of record values through it, {"produce": ..., "consume": ...}:
+                                  on two cores shared with the broker and the clients, what the
+                                  proxy spends is what they do not get
 
 Usage: source dev/setup.sh && python bench/tls_overhead.py [--rounds 3] [--records 1000000]
 """
@@ -15,19 +19,26 @@ Usage: source dev/setup.sh && python bench/tls_overhead.py [--rounds 3] [--recor
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from relay_floor import cpu_times
 
 from dev.certs import CertificateAuthority
 from dev.harness import BrokerTls, KafkaCluster
 from dev.perf_tools import consume, produce
 from dev.proxy_process import ProxyProcess, gateway_config
+
+RECORD_BYTES = 1024  # perf_tools' record size
 
 
 def main() -> None:
@@ -82,18 +93,35 @@ def main() -> None:
             produce(proxied, "bench", 50_000, -1, props=client_tls)
             prod: dict[str, list[float]] = {"direct": [], "proxy": []}
             cons: dict[str, list[float]] = {"direct": [], "proxy": []}
+            own: dict[str, list[float]] = {"produce": [], "consume": []}  # proxy CPU s per GB
+            assert proxy.proc is not None
+            pid = proxy.proc.pid
+
+            def measured(
+                rnd: int, workload: str, name: str, run: Callable[[], dict[str, float]]
+            ) -> dict[str, float]:
+                before = sum(cpu_times(pid))
+                result = run()
+                line = f"round {rnd} TLS {workload} {name}: {result['rate']:.0f} rec/s"
+                if name == "proxy":
+                    gb = result["records"] * RECORD_BYTES / 1e9
+                    own[workload].append((sum(cpu_times(pid)) - before) / gb)
+                    line += f", proxy CPU {own[workload][-1]:.2f} s/GB"
+                print(line, flush=True)
+                return result
+
             for rnd in range(args.rounds):
                 order = [("direct", direct), ("proxy", proxied)]
                 if rnd % 2:
                     order.reverse()
                 for name, boot in order:
-                    r = produce(boot, "bench", args.records, -1, props=client_tls)
-                    prod[name].append(r["rate"])
-                    print(f"round {rnd} TLS produce {name}: {r['rate']:.0f} rec/s", flush=True)
+                    run = functools.partial(produce, boot, "bench", args.records, -1, props=client_tls)
+                    prod[name].append(measured(rnd, "produce", name, run)["rate"])
                 for name, boot in order:
-                    c = consume(boot, "bench", args.records, command_config=consumer_config)
-                    cons[name].append(c["rate"])
-                    print(f"round {rnd} TLS consume {name}: {c['rate']:.0f} rec/s", flush=True)
+                    run = functools.partial(
+                        consume, boot, "bench", args.records, command_config=consumer_config
+                    )
+                    cons[name].append(measured(rnd, "consume", name, run)["rate"])
 
     med = statistics.median
     print(
@@ -103,6 +131,7 @@ def main() -> None:
                 "tls_consumer_throughput_ratio": round(med(cons["proxy"]) / med(cons["direct"]), 3),
                 "producer_records_per_s": {k: round(med(v)) for k, v in prod.items()},
                 "consumer_records_per_s": {k: round(med(v)) for k, v in cons.items()},
+                "tls_proxy_cpu_s_per_gb": {w: round(med(v), 2) for w, v in own.items()},
                 "rounds": args.rounds,
                 "records_per_run": args.records,
                 "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),

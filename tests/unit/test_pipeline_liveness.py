@@ -6,6 +6,7 @@ that jumps, a client or its broker hanging up) for the property."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import random
 import struct
@@ -170,6 +171,36 @@ def test_a_failure_decoding_the_first_requests_closes_the_connection(
     assert pipeline.closed and client.closed
     assert any("reading the first requests failed" in r.getMessage() for r in proxy_log.records)
     assert not any(isinstance(ctx.get("exception"), RuntimeError) for ctx in net.errors)
+
+
+def test_a_closed_connection_is_freed_whole() -> None:
+    """A connection is a web of cycles (transports and protocols, stages, the connect task):
+    once it is closed, with a request still in flight or answered, by the proxy or by the
+    client, the garbage collector must free all of it. A compiled class or coroutine that hides
+    a reference from the collector keeps every connection in memory for good: the pipeline
+    compiled by mypyc did (docs/architecture.md, "The compiled hot path")."""
+    net = _Net(SIDECAR)
+    heartbeat = {"group_id": "g", "generation_id": 1, "member_id": "m-1"}
+    closed: set[int] = set()
+    for n in range(4):
+        pipeline, client = net.connect()
+        client.send(_frame(12, 3, 1, heartbeat))
+        net.loop.settle()
+        assert pipeline.upstream is not None and len(pipeline.in_flight) == 1
+        if n % 2:  # answered, then the client leaves
+            net.upstreams[-1].send(struct.pack(">iii", 10, 1, 0) + b"\x00\x00")
+            net.loop.settle()
+            assert not pipeline.in_flight
+            client.hang_up()
+        else:  # closed by the proxy with the request in flight
+            pipeline.close("test")
+        net.loop.settle()
+        assert pipeline.closed
+        closed.add(id(pipeline))
+    del pipeline, client
+    net.upstreams.clear()  # the broker's ends, kept by the test
+    gc.collect()
+    assert [o for o in gc.get_objects() if type(o) is Pipeline and id(o) in closed] == []
 
 
 # --- the property: random consumer traffic, every request answered in order -----------------
