@@ -13,12 +13,21 @@ figures, then one JSON line:
                                   on two cores shared with the broker and the clients, what the
                                   proxy spends is what they do not get
 
-Usage: source dev/setup.sh && python bench/tls_overhead.py [--rounds 3] [--records 1000000]
+With ``--baseline DIR`` a second proxy, run from another checkout's source tree, takes its turn
+in each round too (a change to the TLS path, measured against the code before it in the same
+rounds: the direct figures move by a fifth from run to run here), and these are added:
+
+  tls_producer_to_baseline,       this proxy's records/s over the baseline's, round by round
+  tls_consumer_to_baseline
+  baseline_cpu_s_per_gb           the baseline proxy's CPU per GB, as tls_proxy_cpu_s_per_gb
+
+Usage: source dev/setup.sh && python bench/tls_overhead.py [--rounds 3] [--records 1000000] [--baseline DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import statistics
@@ -27,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -47,6 +57,7 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--records", type=int, default=1_000_000, help="records per throughput run")
+    parser.add_argument("--baseline", type=Path, help="another checkout's source tree, run side by side")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="kthrottle-tls-bench-"))
@@ -70,74 +81,80 @@ def main() -> None:
     consumer_config.write_text("".join(f"{k}={v}\n" for k, v in client_tls.items()))
 
     tls = BrokerTls(keystore=keystores["broker"], truststore=ca.cert_path, client_auth="required")
-    with KafkaCluster(brokers=1, tls=tls) as cluster:
-        cfg = gateway_config(cluster, log_level="WARNING")
-        cfg["gateway"]["upstream_bootstrap"] = cluster.ssl_bootstrap_servers.split(",")
-        cfg["tls"] = {
-            "enabled": True,
-            "certfile": str(server.cert),
-            "keyfile": str(server.key),
-            "cafile": str(ca.cert_path),
-            "client_auth": "required",
-        }
-        cfg["upstream_tls"] = {
-            "enabled": True,
-            "cafile": str(ca.cert_path),
-            "certfile": str(upstream.cert),
-            "keyfile": str(upstream.key),
-        }
-        with ProxyProcess(cfg, workdir=work / "proxy") as proxy:
-            direct, proxied = cluster.ssl_bootstrap_servers, proxy.bootstrap
-            cluster.create_topic("bench", 6)
-            produce(direct, "bench", 50_000, -1, props=client_tls)  # JIT and page cache, both ways
-            produce(proxied, "bench", 50_000, -1, props=client_tls)
-            prod: dict[str, list[float]] = {"direct": [], "proxy": []}
-            cons: dict[str, list[float]] = {"direct": [], "proxy": []}
-            own: dict[str, list[float]] = {"produce": [], "consume": []}  # proxy CPU s per GB
-            assert proxy.proc is not None
-            pid = proxy.proc.pid
+    with KafkaCluster(brokers=1, tls=tls) as cluster, contextlib.ExitStack() as stack:
 
-            def measured(
-                rnd: int, workload: str, name: str, run: Callable[[], dict[str, float]]
-            ) -> dict[str, float]:
-                before = sum(cpu_times(pid))
-                result = run()
-                line = f"round {rnd} TLS {workload} {name}: {result['rate']:.0f} rec/s"
-                if name == "proxy":
-                    gb = result["records"] * RECORD_BYTES / 1e9
-                    own[workload].append((sum(cpu_times(pid)) - before) / gb)
-                    line += f", proxy CPU {own[workload][-1]:.2f} s/GB"
-                print(line, flush=True)
-                return result
+        def proxy_config() -> dict[str, Any]:
+            cfg = gateway_config(cluster, log_level="WARNING")
+            cfg["gateway"]["upstream_bootstrap"] = cluster.ssl_bootstrap_servers.split(",")
+            cfg["tls"] = {
+                "enabled": True,
+                "certfile": str(server.cert),
+                "keyfile": str(server.key),
+                "cafile": str(ca.cert_path),
+                "client_auth": "required",
+            }
+            cfg["upstream_tls"] = {
+                "enabled": True,
+                "cafile": str(ca.cert_path),
+                "certfile": str(upstream.cert),
+                "keyfile": str(upstream.key),
+            }
+            return cfg
 
-            for rnd in range(args.rounds):
-                order = [("direct", direct), ("proxy", proxied)]
-                if rnd % 2:
-                    order.reverse()
-                for name, boot in order:
-                    run = functools.partial(produce, boot, "bench", args.records, -1, props=client_tls)
-                    prod[name].append(measured(rnd, "produce", name, run)["rate"])
-                for name, boot in order:
-                    run = functools.partial(
-                        consume, boot, "bench", args.records, command_config=consumer_config
-                    )
-                    cons[name].append(measured(rnd, "consume", name, run)["rate"])
+        proxies = {"proxy": stack.enter_context(ProxyProcess(proxy_config(), workdir=work / "proxy"))}
+        if args.baseline:
+            source = args.baseline.resolve()
+            baseline = ProxyProcess(proxy_config(), workdir=work / "baseline", source=source)
+            proxies["baseline"] = stack.enter_context(baseline)
+        paths = {"direct": cluster.ssl_bootstrap_servers, **{k: p.bootstrap for k, p in proxies.items()}}
+        cluster.create_topic("bench", 6)
+        for boot in paths.values():  # JIT and page cache, every way
+            produce(boot, "bench", 50_000, -1, props=client_tls)
+        prod: dict[str, list[float]] = {name: [] for name in paths}
+        cons: dict[str, list[float]] = {name: [] for name in paths}
+        # each proxy's CPU seconds per GB, per workload
+        own: dict[str, dict[str, list[float]]] = {k: {"produce": [], "consume": []} for k in proxies}
+
+        def measured(rnd: int, workload: str, name: str, run: Callable[[], dict[str, float]]) -> float:
+            proc = proxies[name].proc if name in proxies else None
+            before = sum(cpu_times(proc.pid)) if proc is not None else 0.0
+            result = run()
+            line = f"round {rnd} TLS {workload} {name}: {result['rate']:.0f} rec/s"
+            if proc is not None:
+                gb = result["records"] * RECORD_BYTES / 1e9
+                own[name][workload].append((sum(cpu_times(proc.pid)) - before) / gb)
+                line += f", proxy CPU {own[name][workload][-1]:.2f} s/GB"
+            print(line, flush=True)
+            return result["rate"]
+
+        for rnd in range(args.rounds):
+            order = list(paths.items())
+            if rnd % 2:
+                order.reverse()
+            for name, boot in order:
+                run = functools.partial(produce, boot, "bench", args.records, -1, props=client_tls)
+                prod[name].append(measured(rnd, "produce", name, run))
+            for name, boot in order:
+                run = functools.partial(consume, boot, "bench", args.records, command_config=consumer_config)
+                cons[name].append(measured(rnd, "consume", name, run))
 
     med = statistics.median
-    print(
-        json.dumps(
-            {
-                "tls_producer_throughput_ratio": round(med(prod["proxy"]) / med(prod["direct"]), 3),
-                "tls_consumer_throughput_ratio": round(med(cons["proxy"]) / med(cons["direct"]), 3),
-                "producer_records_per_s": {k: round(med(v)) for k, v in prod.items()},
-                "consumer_records_per_s": {k: round(med(v)) for k, v in cons.items()},
-                "tls_proxy_cpu_s_per_gb": {w: round(med(v), 2) for w, v in own.items()},
-                "rounds": args.rounds,
-                "records_per_run": args.records,
-                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            }
-        )
+    figures: dict[str, Any] = {
+        "tls_producer_throughput_ratio": round(med(prod["proxy"]) / med(prod["direct"]), 3),
+        "tls_consumer_throughput_ratio": round(med(cons["proxy"]) / med(cons["direct"]), 3),
+        "producer_records_per_s": {k: round(med(v)) for k, v in prod.items()},
+        "consumer_records_per_s": {k: round(med(v)) for k, v in cons.items()},
+        "tls_proxy_cpu_s_per_gb": {w: round(med(v), 2) for w, v in own["proxy"].items()},
+    }
+    if "baseline" in own:
+        figures["baseline_cpu_s_per_gb"] = {w: round(med(v), 2) for w, v in own["baseline"].items()}
+        for workload, rates in (("producer", prod), ("consumer", cons)):
+            by_round = [mine / theirs for mine, theirs in zip(rates["proxy"], rates["baseline"], strict=True)]
+            figures[f"tls_{workload}_to_baseline"] = round(med(by_round), 3)
+    figures.update(
+        rounds=args.rounds, records_per_run=args.records, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S")
     )
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":
