@@ -42,8 +42,9 @@ def build(out: Path) -> None:
         for rel in COMPILED:
             (work / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / rel, work / rel)
-        for package in {Path(rel).parts[0] for rel in COMPILED}:
-            (work / package / "__init__.py").write_text("")  # no loader while compiling
+        for rel in COMPILED:  # every package above a compiled module, with no loader while compiling
+            for package in Path(rel).parents[:-1]:
+                (work / package / "__init__.py").touch()
         shutil.copy2(REPO / "pyproject.toml", work / "pyproject.toml")  # the project's mypy settings
         setup = (
             "from setuptools import setup\n"

@@ -149,8 +149,7 @@ def _acks_zero(frame: bytearray, version: int) -> bool:
     return messages.produce_acks(body) == 0
 
 
-class _Pipeline(Pipeline):
-    stream_from = 600  # inputs are small: large-frame streaming must be fuzzed too
+STREAM_FROM = 600  # inputs are small: large-frame streaming must be fuzzed too
 
 
 def in_memory_server(cfg: ProxyConfig, loop: FuzzLoop, capture: bool = False) -> ProxyServer:
@@ -191,7 +190,9 @@ class PipelineFuzzer:
 
     def _connect(self, server: ProxyServer) -> tuple[Pipeline, FakeTransport]:
         listener = next(iter(server.listeners.values()), None) or _listener(server)
-        protocol = ClientProtocol(lambda transport: _Pipeline(server, listener, transport))
+        protocol = ClientProtocol(
+            lambda transport: Pipeline(server, listener, transport, stream_from=STREAM_FROM)
+        )
         client = FakeTransport(self.loop, protocol, ("127.0.0.1", 40000))
 
         async def accept() -> None:

@@ -16,10 +16,13 @@ import os
 import sys
 from pathlib import Path
 
-# The per-request path, sans-IO: frame splitting and headers, the Produce scan and acks, the
+# The per-request path. Sans-IO: frame splitting and headers, the Produce scan and acks, the
 # look for NodeEndpoints at the end of every Produce v10+ and Fetch v16+ answer, record batch
 # headers, and the byte-rate quota tables with what they call per request; and the walk of a
-# large Metadata answer's topics, which runs on the event loop.
+# large Metadata answer's topics, which runs on the event loop. Then the pipeline that calls
+# them for each request: its in-flight queue and flow control, streamed frames, the stage
+# dispatch, the request, response and FIFO entry objects, the address stage every Produce and
+# Fetch passes, and the traffic counters (its coroutines stay pure: proxy/pipeline/tasks.py).
 COMPILED = (
     "protocol/api_keys.py",
     "protocol/frames.py",
@@ -36,6 +39,13 @@ COMPILED = (
     "quota/rate.py",
     "quota/shared_usage.py",
     "quota/token_bucket.py",
+    "proxy/pipeline/connection.py",
+    "proxy/pipeline/flow.py",
+    "proxy/pipeline/frame_streams.py",
+    "proxy/pipeline/stages/addresses.py",
+    "proxy/pipeline/stages/base.py",
+    "proxy/pipeline/stages/chain.py",
+    "proxy/traffic_metrics.py",
 )
 
 ROOT = Path(__file__).resolve().parent.parent  # where the packages are
@@ -78,13 +88,13 @@ def _build_is_fresh() -> bool:
 
 
 def use_compiled(package: str, path: list[str]) -> None:
-    """Called by a compiled package's ``__init__`` with its name and ``__path__``."""
+    """Called by the ``__init__`` of a package holding compiled modules with its name and ``__path__``."""
     if os.environ.get(PURE_ENV) or not _build_is_fresh():
         return
     where = build_dir()
     if str(where) not in sys.path:
         sys.path.append(str(where))  # mypyc's shared runtime of the build, a top-level module
-    path.insert(0, str(where / package))
+    path.insert(0, str(where.joinpath(*package.split("."))))
 
 
 def loaded_compiled(module: object) -> bool:

@@ -32,19 +32,18 @@ from protocol.frames import (
 from protocol.sasl import SaslTracker
 from protocol.schema import SchemaError
 from proxy.net.connection_identity import Refused, tls_identity
-from proxy.net.transports import UpstreamProtocol, close_bounded
+from proxy.net.transports import close_bounded
 from proxy.pipeline.flow import ConnectionFlow
 from proxy.pipeline.frame_streams import FrameStreams
 from proxy.pipeline.host import Host, Listener
 from proxy.pipeline.stages import InFlight, Request, Response
-from proxy.ratelog import RateLimitedLog
+from proxy.pipeline.tasks import connect_upstream
 from proxy.traffic_metrics import ApiTraffic
 from quota.exemptions import parse_address
 from quota.keys import ANONYMOUS
 
 log = logging.getLogger(__name__)
 _CONNECTION_RATE = "connection-rate"  # the pause of a connection over its IP's creation rate
-unreachable_log = RateLimitedLog(log)
 _ids = itertools.count(1)
 
 # Per-direction write buffer: large enough that a multi-hundred-KiB Produce or Fetch frame does not
@@ -58,32 +57,34 @@ STREAM_FROM_BYTES = 64 * 1024  # frames from this size go out as they arrive, wh
 class Pipeline(ConnectionFlow):
     """State of one client connection and its upstream connection."""
 
-    stream_from = STREAM_FROM_BYTES
-
     def __init__(
         self,
         server: Host,
         listener: Listener,
         client: asyncio.Transport,
         origin: tuple[str, int] | None = None,
+        stream_from: int = STREAM_FROM_BYTES,
     ) -> None:
         """``origin``: the client's address from a PROXY protocol header (proxy/net/proxy_protocol.py),
-        which then stands for the socket's peer (the load balancer) everywhere."""
+        which then stands for the socket's peer (the load balancer) everywhere. ``stream_from``:
+        the frame size from which frames are streamed (the fuzz target's inputs are smaller)."""
         super().__init__()
         self.id = next(_ids)
         self.server = server
         self.listener = listener
         self.client = client
         client.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
-        self.upstream: asyncio.Transport | None = None
+        # Declared by ConnectionFlow: annotated again here, mypyc would show it to the garbage
+        # collector twice, and every connection would stay in memory for good.
+        self.upstream = None
         self.upstream_addr = "?"
         peer = origin or client.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.address = parse_address(peer[0] if isinstance(peer, tuple) else None)
         # Large frames are offered for streaming: forwarded as their bytes arrive when no stage
         # needs more of them than their first bytes.
-        self.requests = FrameDecoder(server.cfg.max_frame_bytes, stream_from=self.stream_from)
-        self.responses = FrameDecoder(server.cfg.max_frame_bytes, stream_from=self.stream_from)
+        self.requests = FrameDecoder(server.cfg.max_frame_bytes, stream_from=stream_from)
+        self.responses = FrameDecoder(server.cfg.max_frame_bytes, stream_from=stream_from)
         self.streams = FrameStreams(self)
         self.in_flight: deque[InFlight] = deque()
         self._unread = 0  # bytes the client sent before the upstream connection was asked for
@@ -142,92 +143,22 @@ class Pipeline(ConnectionFlow):
             why = f"sent nothing for {seconds:g} s (silent_connection_close_seconds)"
             self.close(why, level=logging.INFO)
 
-    async def _connect(self) -> None:
-        """Open the upstream connection (on the client's first bytes), then read what waited. A
-        task: a failure here would leave the client paused as "connecting" for good."""
-        try:
-            await self._open_upstream()
-        except Exception:
-            self.failed("connecting upstream or reading the first requests")
-
-    async def _open_upstream(self) -> None:
-        server = self.server
-        targets = server.brokers.upstream_for(self.node_id)
-        if not targets:
-            self.close(f"no known address for broker node {self.node_id}")
-            return
-        last: BaseException | None = None
-        backoff = server.brokers.backoff
-        for host, port in backoff.order(targets):
-            if self.closed:  # a cancel the wait below swallowed (3.11's wait_for can)
-                return
-            wait = backoff.delay((host, port))
-            if wait > 0:
-                # The broker failed its last connects: held (not read) as a slow connect would
-                # hold it, so a client's reconnect loop keeps a backoff through the proxy too.
-                await asyncio.sleep(wait)
-            tls = server.upstream_ssl()
-            started = backoff.clock()
-            try:
-                transport, _ = await asyncio.wait_for(
-                    self.loop.create_connection(
-                        lambda: UpstreamProtocol(self),
-                        host,
-                        port,
-                        ssl=tls,
-                        server_hostname=host if tls else None,
-                    ),
-                    server.cfg.connect_timeout_seconds,
-                )
-            except (TimeoutError, OSError) as exc:
-                last = exc
-                self.metrics.upstream_errors.labels("connect").inc()
-                failed = backoff.failed((host, port), started)
-                if failed is not None:  # the first of an outage, then one line per 10 s
-                    log.warning(
-                        "upstream %s:%d unreachable (%d failed connects since the last such line, "
-                        "retrying with backoff up to %g s): %r",
-                        host,
-                        port,
-                        failed,
-                        backoff.ceiling,
-                        exc,
-                    )
-                continue
-            back = backoff.succeeded((host, port))
-            if back is not None:
-                log.info(
-                    "upstream %s:%d reachable again after %d failed connects over %.1f s", host, port, *back
-                )
-            if self.closed:
-                transport.close()
-                return
-            self.upstream = transport
-            transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
-            self.upstream_addr = f"{host}:{port}"
-            if self._upstream_pauses:
-                transport.pause_reading()
-            unread, self._unread = self._unread, 0
-            early, self._early = self._early, bytearray()
-            if unread:  # before reading resumes: the decoder's buffer still holds them
-                self.client_written(unread)
-            if early:  # then what was handed over meanwhile, in the order it came
-                self.feed(early)
-            if not self.closed:
-                self.resume_client("connecting")
-            return
-        # The upstream's own line says why (at most one per 10 s); one line per client would
-        # flood the log while clients reconnect, so these are rate-limited too.
-        unreachable_log.log(
-            logging.INFO,
-            "no-upstream",
-            "conn %d from %s on %s closed: no upstream broker reachable (last error %r)",
-            self.id,
-            self.peer,
-            self.listener.name,
-            last,
-        )
-        self.close()
+    def upstream_connected(self, transport: asyncio.Transport, address: str) -> None:
+        """The upstream connection is up (``tasks.connect_upstream``): what the client sent
+        meanwhile is read, then reading resumes."""
+        self.upstream = transport
+        transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
+        self.upstream_addr = address
+        if self._upstream_pauses:
+            transport.pause_reading()
+        unread, self._unread = self._unread, 0
+        early, self._early = self._early, bytearray()
+        if unread:  # before reading resumes: the decoder's buffer still holds them
+            self.client_written(unread)
+        if early:  # then what was handed over meanwhile, in the order it came
+            self.feed(early)
+        if not self.closed:
+            self.resume_client("connecting")
 
     @property
     def listener_name(self) -> str:
@@ -352,7 +283,7 @@ class Pipeline(ConnectionFlow):
             self._unread += nbytes
             if self._connect_task is None:
                 self.pause_client("connecting")
-                self._connect_task = self.loop.create_task(self._connect())
+                self._connect_task = self.loop.create_task(connect_upstream(self))
                 if self._silent_handle is not None:
                     self._silent_handle.cancel()
                     self._silent_handle = None
@@ -429,9 +360,9 @@ class Pipeline(ConnectionFlow):
                 if stage.on_request(req):
                     return
             expects_response = req.expects_response
-        except (SchemaError, struct.error) as exc:
+        except (SchemaError, struct.error) as malformed:  # not `exc`: compiled, a name has one type
             name = api_name(header.api_key)
-            self.reject(f"malformed {name} v{header.api_version} request: {exc}", "malformed")
+            self.reject(f"malformed {name} v{header.api_version} request: {malformed}", "malformed")
             return
         self.forwarding(req, expects_response, len(frame) + 4)
         self.send(frame)

@@ -15,6 +15,7 @@ from typing import Any
 from proxy.net import transports
 from proxy.net.transports import peer_has_closed
 from proxy.pipeline.stages import InFlight
+from proxy.pipeline.tasks import held
 
 log = logging.getLogger("proxy.pipeline.connection")  # a held task's failure is the connection's
 
@@ -185,13 +186,4 @@ class ConnectionFlow:
         the hold ends when it does, unless it returns True (then its hold ends elsewhere). An
         exception closes the connection: a bug must not leave it held for good."""
         self.pause_client(reason)
-        return self.spawn(self._held(reason, work, what))
-
-    async def _held(self, reason: str, work: Coroutine[Any, Any, bool | None], what: str) -> None:
-        try:
-            keep = await work
-        except Exception:
-            self.failed(what)
-            return
-        if not keep:
-            self.release(reason)
+        return self.spawn(held(self, reason, work, what))

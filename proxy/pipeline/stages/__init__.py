@@ -1,8 +1,14 @@
 """The proxy's concerns, one stage each, and the order they run in (see docs/architecture.md)."""
 
+# ruff: noqa: E402  (the compiled modules are looked for before the stages are imported)
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from protocol.compiled import use_compiled
+
+use_compiled(__name__, __path__)
 
 from proxy.pipeline.stages.addresses import AddressStage
 from proxy.pipeline.stages.base import Connection, InFlight, Request, Response, Stage, StageFactory

@@ -12,10 +12,13 @@ Stages are made per connection (``StageFactory``), so per-connection state lives
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
+
+from mypy_extensions import mypyc_attr
 
 from protocol import messages
 from protocol.api_keys import ApiKey
@@ -183,12 +186,13 @@ class Response:
     def decoded(self) -> bool:
         return self._body is not None
 
-    def replace_body(self, body: dict[str, Any]) -> None:
-        """Send ``body`` encoded in place of the broker's (its header kept)."""
+    def replace_body(self, body: dict[str, Any]) -> bytearray:
+        """Send ``body`` encoded in place of the broker's (its header kept); returns it."""
         entry = self.entry
         out = bytearray(self.frame[: self.header_size])
         out += messages.encode_response(entry.api_key, entry.api_version, body)
         self.replacement = out
+        return out
 
     def finished(self) -> bytearray:
         """The bytes to send: replaced, re-encoded with the throttle, or patched in place."""
@@ -201,9 +205,7 @@ class Response:
             body["throttle_time_ms"] = messages.wire_throttle_ms(
                 max(int(body.get("throttle_time_ms", 0)), entry.throttle_ms)
             )
-            self.replace_body(body)
-            assert self.replacement is not None
-            return self.replacement
+            return self.replace_body(body)  # compiled, self.replacement stays narrowed to None
         if entry.throttle_ms and messages.can_read_response(key, version):
             # An API or version newer than the shipped schemas goes out unchanged; the mute that
             # follows still throttles the client.
@@ -231,7 +233,7 @@ class Connection(Protocol):
     def exempt(self, client_id: str) -> bool: ...
     def read_client_id(self, req: Request) -> None: ...
     def reject(self, reason: str, label: str) -> None: ...
-    def close(self, reason: str | None = None, *, level: int = ...) -> None: ...
+    def close(self, reason: str | None = None, *, level: int = logging.WARNING) -> None: ...
     def mute(self, throttle_ms: int) -> None: ...
     def wait_before(self, frame: bytearray, wait_ms: int) -> None: ...
     def hold(self, reason: str) -> None: ...
@@ -248,6 +250,7 @@ class Connection(Protocol):
     def flush_local(self) -> None: ...
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # every other stage is pure Python
 class Stage:
     """One concern of the proxy, made per connection. Every hook is optional."""
 
