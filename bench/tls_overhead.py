@@ -41,14 +41,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from relay_floor import cpu_times
+from passthrough import cpu_per_gb
 
 from dev.certs import CertificateAuthority
 from dev.harness import BrokerTls, KafkaCluster
 from dev.perf_tools import consume, produce
 from dev.proxy_process import ProxyProcess, gateway_config
-
-RECORD_BYTES = 1024  # perf_tools' record size
 
 
 def main() -> None:
@@ -117,13 +115,11 @@ def main() -> None:
 
         def measured(rnd: int, workload: str, name: str, run: Callable[[], dict[str, float]]) -> float:
             proc = proxies[name].proc if name in proxies else None
-            before = sum(cpu_times(proc.pid)) if proc is not None else 0.0
-            result = run()
+            result, cpu = cpu_per_gb(proc.pid if proc is not None else None, args.records, run)
             line = f"round {rnd} TLS {workload} {name}: {result['rate']:.0f} rec/s"
             if proc is not None:
-                gb = result["records"] * RECORD_BYTES / 1e9
-                own[name][workload].append((sum(cpu_times(proc.pid)) - before) / gb)
-                line += f", proxy CPU {own[name][workload][-1]:.2f} s/GB"
+                own[name][workload].append(cpu)
+                line += f", proxy CPU {cpu:.2f} s/GB"
             print(line, flush=True)
             return result["rate"]
 
