@@ -48,6 +48,7 @@ COMPILED = (
     "proxy/traffic_metrics.py",
 )
 
+PACKAGES = tuple(sorted({rel.split("/")[0] for rel in COMPILED}))  # whose sources a build is of
 ROOT = Path(__file__).resolve().parent.parent  # where the packages are
 PURE_ENV = "KTHROTTLE_PURE_PYTHON"
 _fresh: bool | None = None  # the build matches the sources (checked once per process)
@@ -61,7 +62,7 @@ def source_stamp() -> str:
     """What a build is of: this Python and every source of the compiled packages (a compiled
     module holds the types it imports from its package's pure modules too, checked at run time)."""
     digest = hashlib.sha256(sys.implementation.cache_tag.encode())
-    for package in sorted({rel.split("/")[0] for rel in COMPILED}):
+    for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             digest.update(str(path.relative_to(ROOT)).encode() + b"\0")
             digest.update(path.read_bytes())
