@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dev.harness import KafkaCluster
-from dev.proc import open_fds, rss_bytes
+from dev.proc import open_fds, own_tcp_connections_to, rss_bytes
 from dev.proxy_process import ProxyProcess, gateway_config
 from tests.integration.clients import assert_same_messages, kafka_python_roundtrip, messages
 from tests.tools import unavailable
@@ -56,6 +56,12 @@ def _wait_for(what: str, check: Callable[[], bool], timeout: float = 60) -> None
 def _bystander(proxy: ProxyProcess, tag: str) -> None:
     sent = messages(300, tag)
     assert_same_messages(sent, kafka_python_roundtrip(proxy.bootstrap, f"{tag}-{uuid.uuid4().hex[:6]}", sent))
+
+
+def proxy_ports(proxy: ProxyProcess) -> set[int]:
+    """The proxy's client-facing ports (bootstrap and one per broker)."""
+    gateway = proxy.config["gateway"]
+    return {gateway["bootstrap_port"], *gateway["broker_ports"].values()}
 
 
 def _active(proxy: ProxyProcess) -> float:
@@ -218,14 +224,27 @@ def test_reconnect_storm(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
             answered.append(n)
             unanswered.append(silent)
 
-        def churn() -> None:
-            while not stop.is_set():
-                consumer = KafkaConsumer(bootstrap_servers=proxy.bootstrap, reconnect_backoff_ms=1)
-                consumer.topics()
-                consumer.close()
+        churned: list[int] = []
+        churn_failed: list[BaseException] = []
 
-        workers = [threading.Thread(target=storm, daemon=True) for _ in range(8)]
-        workers.append(threading.Thread(target=churn, daemon=True))
+        def churn() -> None:
+            n = 0
+            try:
+                while not stop.is_set():
+                    # A consumer whose constructor raises keeps its IO thread and its connection
+                    # (kafka-python 3.0): a failure here must be seen, not leave a thread dead.
+                    consumer = KafkaConsumer(bootstrap_servers=proxy.bootstrap, reconnect_backoff_ms=1)
+                    try:
+                        consumer.topics()
+                    finally:
+                        consumer.close()
+                    n += 1
+            except Exception as exc:
+                churn_failed.append(exc)
+            churned.append(n)
+
+        workers = [threading.Thread(target=storm, name=f"storm-{i}", daemon=True) for i in range(8)]
+        workers.append(threading.Thread(target=churn, name="churn", daemon=True))
         began = time.monotonic()
         for worker in workers:
             worker.start()
@@ -236,12 +255,22 @@ def test_reconnect_storm(kafka_broker: KafkaCluster, tmp_path: Path) -> None:
             stop.set()
             for worker in workers:
                 worker.join(30)
-        print(f"reconnect storm: {sum(answered)} connections answered")
+        print(f"reconnect storm: {sum(answered)} connections answered, {sum(churned)} consumers churned")
+        assert not churn_failed, f"a kafka-python consumer failed in the storm: {churn_failed[0]!r}"
+        stuck = [worker.name for worker in workers if worker.is_alive()]
+        if stuck:  # a client waiting on an answer: its connection shows what the proxy holds of it
+            _status, connections = proxy.admin_get("/connections?sort=age&limit=20")
+            raise AssertionError(f"{stuck} still running 30 s after the storm; connections: {connections}")
         assert not failed, f"{len(failed)} storm connections failed, first: {failed[0]!r}"
         assert sum(unanswered) == 0, f"{sum(unanswered)} storm connections closed without an answer"
         assert sum(answered) > 100
         assert proxy.metric("kthrottle_upstream_errors_total", {"kind": "connect"}) == 0
-        _wait_for("all connections closed", lambda: _active(proxy) == 0)
+        try:
+            _wait_for("all connections closed", lambda: _active(proxy) == 0)
+        except AssertionError as exc:  # which connections stay, and why, for the one who debugs it
+            _status, left = proxy.admin_get("/connections?sort=age&limit=20")
+            held = own_tcp_connections_to(proxy_ports(proxy))
+            raise AssertionError(f"{exc}; still open: {left}; the test's own sockets to it: {held}") from None
         _wait_for("descriptors given back", lambda: open_fds(pid) <= fds_before + 4)
         _bystander(proxy, "after-storm")
         assert proxy.proc.poll() is None
