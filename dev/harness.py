@@ -70,16 +70,34 @@ _ports_lock = threading.Lock()
 
 
 def free_port() -> int:
-    """A loopback port nobody listens on now; never the same one twice per process, so nodes don't collide."""
+    """A loopback port nobody listens on now; never the same one twice per process, so nodes don't
+    collide, nor across the processes that share a ``KTHROTTLE_PORT_REGISTRY`` directory (the two
+    pytest runs side by side of dev/test.sh). Without it a port one run keeps unbound on purpose
+    (an unreachable broker) can be handed to the other run's proxy, and the first run's clients
+    then connect to that proxy."""
+    registry = os.environ.get("KTHROTTLE_PORT_REGISTRY")
     with _ports_lock:
         for _ in range(1000):
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 sock.bind(("127.0.0.1", 0))
                 port: int = sock.getsockname()[1]
-            if port not in _ports_handed_out:
-                _ports_handed_out.add(port)
-                return port
+            if port in _ports_handed_out:
+                continue
+            _ports_handed_out.add(port)
+            if registry and not _claim(Path(registry), port):
+                continue  # another process of this run has it
+            return port
     raise KafkaHarnessError("could not find a free loopback port")
+
+
+def _claim(registry: Path, port: int) -> bool:
+    """Record ``port`` as handed out in ``registry``; False when another process did first."""
+    registry.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(registry / str(port), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def kafka_libs() -> Path:

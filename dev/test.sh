@@ -55,6 +55,9 @@ compute_only=(
 )
 pytest_began=$SECONDS
 temp=$(mktemp -d "${TMPDIR:-/tmp}/kthrottle-test.XXXXXX")
+# The two runs hand out loopback ports from one record (dev/harness.py free_port): a port one keeps
+# unbound on purpose must not become the other's proxy.
+export KTHROTTLE_PORT_REGISTRY="$temp/ports"
 echo "== pytest: the compute-only tests at idle priority beside the rest (each run lists its slowest)" >&2
 setsid --wait bash dev/idle_priority.sh python -m pytest -p no:cacheprovider -q -ra --durations=15 \
   --basetemp="$temp/compute" "${compute_only[@]}" >"$temp/compute.log" 2>&1 &
