@@ -31,6 +31,7 @@ passthrough.py's bulk_fetch without the Java consumer and broker beside it. Its 
 ``fetch_<contender>_s_per_gb`` (CPU seconds per GB of responses) and ``fetch_kthrottle_to_<...>``.
 
 Usage: source dev/setup.sh && python bench/request_cost.py [--workload fetch] [--rounds 5] [--baseline ../old]
+       [--baseline-python OTHER_VENV/bin/python]
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ import relay_floor
 
 from dev.harness import free_port
 from dev.loadgen import record_batch
-from dev.proxy_process import ProxyProcess
+from dev.proxy_process import REPO, ProxyProcess
 from protocol import messages
 from protocol.frames import RequestHeader, encode_request_header, encode_response_header
 
@@ -209,7 +210,9 @@ def proxy_cost(
     return sum(relay_floor.cpu_times(pid)) - before
 
 
-def sidecar(upstream: tuple[str, int], source: Path | None) -> tuple[ProxyProcess, int]:
+def sidecar(
+    upstream: tuple[str, int], source: Path | None, python: str = sys.executable
+) -> tuple[ProxyProcess, int]:
     port = free_port()
     config = {
         "mode": "sidecar",
@@ -217,7 +220,7 @@ def sidecar(upstream: tuple[str, int], source: Path | None) -> tuple[ProxyProces
         "admin": {"host": "127.0.0.1", "port": free_port()},
         "log_level": "WARNING",
     }
-    proxy = ProxyProcess(config, source=source) if source else ProxyProcess(config)
+    proxy = ProxyProcess(config, source=source or REPO, python=python)
     return proxy, port
 
 
@@ -230,6 +233,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, help="per contender per round (produce 5,900, fetch 300)")
     parser.add_argument("--rate", type=float, help="requests per second; 0: as fast as they go (fetch's)")
     parser.add_argument("--baseline", type=Path, help="another checkout's source tree, run side by side")
+    parser.add_argument(
+        "--baseline-python",
+        help="the interpreter the baseline runs on (a virtualenv's python): this checkout on another "
+        "interpreter when --baseline is not given",
+    )
     args = parser.parse_args()
     fetch = args.workload == "fetch"
     frames = fetch_frames() if fetch else produce_frames()
@@ -238,8 +246,9 @@ def main() -> None:
     print(f"request {len(frames[0])} bytes, response {len(frames[1])} bytes, {requests} per run", flush=True)
     responder = Responder(frames[1])
     proxies = {"kthrottle": sidecar(responder.address, None)}
-    if args.baseline:
-        proxies["baseline"] = sidecar(responder.address, args.baseline.resolve())
+    if args.baseline or args.baseline_python:
+        source = args.baseline.resolve() if args.baseline else None
+        proxies["baseline"] = sidecar(responder.address, source, args.baseline_python or sys.executable)
     for proxy, port in proxies.values():
         proxy.start()
         drive(("127.0.0.1", port), frames, 30 if fetch else 300, 0)  # its first connection's one-time work

@@ -7,7 +7,6 @@ A size prefix over the limit is rejected before anything is allocated for it.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from typing import Any
 
 from protocol.api_keys import api_name
@@ -291,14 +290,33 @@ def frame(payload: Buffer) -> bytes:
     return SIZE.pack(len(payload)) + bytes(payload)
 
 
-@dataclass(slots=True)
 class RequestHeader:
-    api_key: int
-    api_version: int
-    correlation_id: int
-    client_id: str | None
-    size: int  # bytes of the header; the body starts here
-    tagged: bytes = b""  # raw tagged-field section of a v2 header, kept verbatim
+    """A request's header. A plain class, not a dataclass: compiled, a dataclass's generated
+    ``__init__`` stays interpreted, and one is built per request."""
+
+    __slots__ = ("api_key", "api_version", "client_id", "correlation_id", "size", "tagged")
+
+    def __init__(
+        self,
+        api_key: int,
+        api_version: int,
+        correlation_id: int,
+        client_id: str | None,
+        size: int,
+        tagged: bytes = b"",
+    ) -> None:
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+        self.client_id = client_id
+        self.size = size  # bytes of the header; the body starts here
+        self.tagged = tagged  # raw tagged-field section of a v2 header, kept verbatim
+
+    def __repr__(self) -> str:
+        return (
+            f"RequestHeader(api_key={self.api_key}, api_version={self.api_version}, "
+            f"correlation_id={self.correlation_id}, client_id={self.client_id!r}, size={self.size})"
+        )
 
     @property
     def version(self) -> int:

@@ -15,7 +15,6 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Collection, Coroutine
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mypy_extensions import mypyc_attr
@@ -62,28 +61,67 @@ class _Whole:
 WHOLE: StreamFilter = _Whole()
 
 
-@dataclass(slots=True)
 class InFlight:
-    """A request forwarded (or held, or answered by the proxy) whose response is still to go out."""
+    """A request forwarded (or held, or answered by the proxy) whose response is still to go out.
 
-    api_key: int
-    api_version: int
-    correlation_id: int
-    sent_at: float
-    local_response: bytes | None = None  # answered by the proxy itself, sent in its turn
-    client_id: str = ""
-    throttle_ms: int = 0  # the proxy's throttle for this request
-    stages: tuple[Stage, ...] = ()  # whose on_response runs when the answer comes
-    watchers: tuple[Stage, ...] = ()  # whose on_done runs once the answer went out
-    holds_reads: bool = False  # a throttled request: reads stay paused until its response
-    charge_time: bool = False  # its upstream time counts against request_percentage
-    exempt: bool = False  # quotas.exempt lets it through (Request.exempt)
-    busy: float = 0.0  # seconds the broker spent on it, as far as the proxy can tell
-    fetch: FetchRequestInfo | None = None  # set when the fetch quota needs the response
-    fetch_charge: FetchCharge | None = None  # what the fetch quota charged its response
-    mutation: MutationState | None = None  # set when the mutation quota needs the response
-    capture: CaptureDraft | None = None  # what the capture record needs, while capture is on
-    quota_alter: QuotaAlterBoth | None = None  # quota_api.mode both: the proxy's part of an alter
+    A plain class, not a dataclass: compiled, a dataclass's generated ``__init__`` stays
+    interpreted, and one is built per request (docs/architecture.md, "The compiled hot path")."""
+
+    __slots__ = (
+        "api_key",
+        "api_version",
+        "busy",
+        "capture",
+        "charge_time",
+        "client_id",
+        "correlation_id",
+        "exempt",
+        "fetch",
+        "fetch_charge",
+        "holds_reads",
+        "local_response",
+        "mutation",
+        "quota_alter",
+        "sent_at",
+        "stages",
+        "throttle_ms",
+        "watchers",
+    )
+
+    def __init__(
+        self,
+        api_key: int,
+        api_version: int,
+        correlation_id: int,
+        sent_at: float,
+        local_response: bytes | None = None,
+        client_id: str = "",
+        throttle_ms: int = 0,
+    ) -> None:
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+        self.sent_at = sent_at
+        self.local_response: bytes | None = local_response  # answered by the proxy itself, in its turn
+        self.client_id = client_id
+        self.throttle_ms = throttle_ms  # the proxy's throttle for this request
+        self.stages: tuple[Stage, ...] = ()  # whose on_response runs when the answer comes
+        self.watchers: tuple[Stage, ...] = ()  # whose on_done runs once the answer went out
+        self.holds_reads = False  # a throttled request: reads stay paused until its response
+        self.charge_time = False  # its upstream time counts against request_percentage
+        self.exempt = False  # quotas.exempt lets it through (Request.exempt)
+        self.busy = 0.0  # seconds the broker spent on it, as far as the proxy can tell
+        self.fetch: FetchRequestInfo | None = None  # set when the fetch quota needs the response
+        self.fetch_charge: FetchCharge | None = None  # what the fetch quota charged its response
+        self.mutation: MutationState | None = None  # set when the mutation quota needs the response
+        self.capture: CaptureDraft | None = None  # what the capture record needs, while capture is on
+        self.quota_alter: QuotaAlterBoth | None = None  # quota_api.mode both: the proxy's part of an alter
+
+    def __repr__(self) -> str:
+        return (
+            f"InFlight(api_key={self.api_key}, api_version={self.api_version}, "
+            f"correlation_id={self.correlation_id}, client_id={self.client_id!r})"
+        )
 
 
 class Request:
