@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from protocol.schema import Buffer
 
@@ -26,16 +25,40 @@ _TRANSACTIONAL = 0x10
 _CONTROL = 0x20
 
 
-@dataclass(frozen=True, slots=True)
 class BatchInfo:
-    size: int
-    magic: int
-    record_count: int
-    producer_id: int
-    producer_epoch: int
-    base_sequence: int
-    transactional: bool
-    control: bool
+    """One record batch's header fields. A plain class: compiled, a dataclass's generated
+    ``__init__`` would run interpreted, and one is built per batch."""
+
+    __slots__ = (
+        "base_sequence",
+        "control",
+        "magic",
+        "producer_epoch",
+        "producer_id",
+        "record_count",
+        "size",
+        "transactional",
+    )
+
+    def __init__(
+        self,
+        size: int,
+        magic: int,
+        record_count: int,
+        producer_id: int,
+        producer_epoch: int,
+        base_sequence: int,
+        transactional: bool,
+        control: bool,
+    ) -> None:
+        self.size = size
+        self.magic = magic
+        self.record_count = record_count
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.base_sequence = base_sequence
+        self.transactional = transactional
+        self.control = control
 
 
 def iter_batches(records: Buffer) -> Iterator[BatchInfo]:

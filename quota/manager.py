@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from quota.cluster import ClusterLink
@@ -35,34 +34,73 @@ FAIR_BURST_SECONDS = 1.0
 STARVED_MS = 2_000.0
 
 
-@dataclass(frozen=True, slots=True)
 class PartitionUsage:
-    topic: str
-    partition: int
-    size: int
+    """One partition's bytes in a request. A plain class: compiled, a dataclass's generated
+    ``__init__`` would run interpreted, and these are built per partition per request."""
+
+    __slots__ = ("partition", "size", "topic")
+
+    def __init__(self, topic: str, partition: int, size: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"PartitionUsage({self.topic!r}, {self.partition}, {self.size})"
 
 
-@dataclass(frozen=True, slots=True)
 class Decision:
-    """What one request cost: the throttle to apply (max over client and partitions) and why."""
+    """What one request cost: the throttle to apply (max over client and partitions) and why.
+    A plain class (one per request): see ``PartitionUsage``."""
 
-    throttle_ms: int
-    client_throttle_ms: int
-    partition_throttle_ms: int
-    bucket: Bucket
-    match: Match | None
-    client_rate: float
-    worst_partition: PartitionKey | None = None
-    # The client throttle came from steady shaping (a token bucket at the quota). A fetch so
-    # throttled goes to the client with it (nothing refused): it was sized to the quota beforehand.
-    shaped: bool = False
-    # The partition throttles came from steady shaping too (a token bucket per partition).
-    partitions_shaped: bool = False
-    # The throttle before ``quotas.max_throttle_ms`` bounded it (equal to throttle_ms when not).
-    unbounded_ms: int = 0
-    # Bounded: what the entity's bucket owed before this request, in ms of its quota. A fetch
-    # made while it owed is answered empty, so the bound cannot let its bytes through.
-    owed_ms: int = 0
+    __slots__ = (
+        "bucket",
+        "client_rate",
+        "client_throttle_ms",
+        "match",
+        "owed_ms",
+        "partition_throttle_ms",
+        "partitions_shaped",
+        "shaped",
+        "throttle_ms",
+        "unbounded_ms",
+        "worst_partition",
+    )
+
+    def __init__(
+        self,
+        throttle_ms: int,
+        client_throttle_ms: int,
+        partition_throttle_ms: int,
+        bucket: Bucket,
+        match: Match | None,
+        client_rate: float,
+        worst_partition: PartitionKey | None = None,
+        shaped: bool = False,
+        partitions_shaped: bool = False,
+        unbounded_ms: int = 0,
+        owed_ms: int = 0,
+    ) -> None:
+        self.throttle_ms = throttle_ms
+        self.client_throttle_ms = client_throttle_ms
+        self.partition_throttle_ms = partition_throttle_ms
+        self.bucket = bucket
+        self.match = match
+        self.client_rate = client_rate
+        self.worst_partition = worst_partition
+        # The client throttle came from steady shaping (a token bucket at the quota). A fetch so
+        # throttled goes to the client with it (nothing refused): it was sized to the quota beforehand.
+        self.shaped = shaped
+        # The partition throttles came from steady shaping too (a token bucket per partition).
+        self.partitions_shaped = partitions_shaped
+        # The throttle before ``quotas.max_throttle_ms`` bounded it (equal to throttle_ms when not).
+        self.unbounded_ms = unbounded_ms
+        # Bounded: what the entity's bucket owed before this request, in ms of its quota. A fetch
+        # made while it owed is answered empty, so the bound cannot let its bytes through.
+        self.owed_ms = owed_ms
+
+    def __repr__(self) -> str:
+        return f"Decision(throttle_ms={self.throttle_ms}, bucket={self.bucket!r})"
 
     @property
     def bounded(self) -> bool:
@@ -82,17 +120,20 @@ class Decision:
         )
 
 
-@dataclass(slots=True, eq=False)
 class FetchGrant:
     """The max_bytes a Fetch was allowed and the part of its entity's tokens held for it while it
     is in flight, so fetches sent together (one per broker, or pipelined) share what the bucket
-    holds instead of each being allowed all of it."""
+    holds instead of each being allowed all of it. A plain class (one per fetch): see
+    ``PartitionUsage``; equal only to itself."""
 
-    bucket: Bucket
-    allowed: int
-    reserved: int
-    at_ms: float
-    released: bool = False
+    __slots__ = ("allowed", "at_ms", "bucket", "released", "reserved")
+
+    def __init__(self, bucket: Bucket, allowed: int, reserved: int, at_ms: float) -> None:
+        self.bucket = bucket
+        self.allowed = allowed
+        self.reserved = reserved
+        self.at_ms = at_ms
+        self.released = False
 
 
 class ByteRateQuotas:
