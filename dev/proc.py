@@ -20,10 +20,9 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def own_tcp_connections_to(ports: set[int]) -> list[str]:
-    """This process's TCP sockets connected to one of ``ports`` (IPv4 and IPv6), as "local port ->
-    remote port (state)": after a test, a socket the test itself still holds explains a connection
-    its proxy still counts."""
+def own_tcp_sockets() -> list[tuple[int, int, int]]:
+    """This process's TCP sockets (IPv4 and IPv6, librdkafka's included), as (local port, remote
+    port, TCP state) read from /proc/net."""
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -41,9 +40,18 @@ def own_tcp_connections_to(ports: set[int]) -> list[str]:
             continue
         for row in rows:
             fields = row.split()
-            local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
-            remote_port = int(remote.rsplit(":", 1)[1], 16)
-            if inode in inodes and remote_port in ports:
-                local_port = int(local.rsplit(":", 1)[1], 16)
-                found.append(f"{local_port} -> {remote_port} (state {int(state, 16):#x})")
+            if fields[9] in inodes:
+                local, remote = (int(address.rsplit(":", 1)[1], 16) for address in fields[1:3])
+                found.append((local, remote, int(fields[3], 16)))
     return found
+
+
+def own_tcp_connections_to(ports: set[int]) -> list[str]:
+    """This process's TCP sockets connected to one of ``ports``, as "local port -> remote port
+    (state)": after a test, a socket the test itself still holds explains a connection its proxy
+    still counts."""
+    return [
+        f"{local} -> {remote} (state {state:#x})"
+        for local, remote, state in own_tcp_sockets()
+        if remote in ports
+    ]

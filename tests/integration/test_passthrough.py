@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import uuid
 from collections.abc import Iterator
@@ -10,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from dev.harness import KafkaCluster, run_tool
+from dev.proc import own_tcp_sockets
 from dev.proxy_process import ProxyProcess, gateway_config
 from tests.integration.clients import (
     aiokafka_roundtrip,
@@ -132,30 +132,6 @@ def test_java_tools_through_proxy(proxy: ProxyProcess) -> None:
     assert topic not in listed.stdout.split()
 
 
-def _own_tcp_peers() -> set[int]:
-    """Remote ports of every TCP connection this test process has open (librdkafka included)."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as fh:
-                lines = fh.read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            cols = line.split()
-            if cols[9] in inodes:
-                ports.add(int(cols[2].rsplit(":", 1)[1], 16))
-    return ports
-
-
 @pytest.mark.timeout(300)
 def test_three_broker_gateway(kafka_cluster3: KafkaCluster) -> None:
     from confluent_kafka import Producer
@@ -179,7 +155,7 @@ def test_three_broker_gateway(kafka_cluster3: KafkaCluster) -> None:
         for i in range(30):
             live.produce(topic, key=str(i).encode(), value=b"x", partition=i % 3)
         assert live.flush(30) == 0
-        peers = _own_tcp_peers()
+        peers = {remote for _local, remote, _state in own_tcp_sockets()}
         assert not peers & broker_ports, f"test process talks to brokers directly: {peers & broker_ports}"
 
         for name, roundtrip in sorted(ROUNDTRIPS.items()):
