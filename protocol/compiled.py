@@ -28,6 +28,7 @@ COMPILED = (
     "protocol/frames.py",
     "protocol/metadata_topics.py",
     "protocol/node_endpoints.py",
+    "protocol/partition_bytes.py",
     "protocol/produce_scan.py",
     "protocol/records.py",
     "protocol/schema.py",

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.api_keys import ApiKey, api_name, has_schema
 from protocol.errors import ErrorCode
 from protocol.metadata_topics import ZERO_TOPIC_ID
+from protocol.partition_bytes import PartitionBytes as PartitionBytes  # also messages.PartitionBytes
 from protocol.records import complete_size, iter_batches
 from protocol.schema import Buffer, SchemaError, message_codec, message_schema
 from protocol.versions import ADDRESS_LEAKING_CAP, ADVERTISED_BELOW_ACCEPTED, DECODED_APIS, codec_versions
@@ -213,16 +213,6 @@ def response_addresses(api_key: int, version: int, resp: dict[str, Any]) -> list
 
 
 # --- Produce and Fetch summaries ------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class PartitionBytes:
-    topic: str | bytes  # name, or topic id (16 bytes) for versions that address topics by id
-    partition: int
-    size: int
-    record_count: int = 0
-    producer_ids: set[int] = field(default_factory=set)
-    partial: int = 0  # Fetch: bytes of a trailing partial batch (in ``size``), which the client drops
 
 
 def _topic_key(topic: dict[str, Any]) -> str | bytes:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import struct
 
-from protocol.messages import PartitionBytes
+from protocol.partition_bytes import PartitionBytes
 from protocol.schema import Buffer, SchemaError, read_uvarint, skip_tagged_fields
 
 _FIRST_FLEXIBLE = 9
