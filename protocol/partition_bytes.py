@@ -24,9 +24,8 @@ class PartitionBytes:
         self.size = size
         self.record_count = record_count
         self.producer_ids: set[int] = set() if producer_ids is None else producer_ids
-        self.partial = (
-            partial  # Fetch: bytes of a trailing partial batch (in ``size``), which the client drops
-        )
+        # Fetch: bytes of a trailing partial batch (counted in ``size``), which the client drops.
+        self.partial = partial
 
     def _fields(self) -> tuple[str | bytes, int, int, int, set[int], int]:
         return (self.topic, self.partition, self.size, self.record_count, self.producer_ids, self.partial)
