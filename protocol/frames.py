@@ -33,6 +33,28 @@ class FrameTooLarge(FrameError):
 # response only once it is whole, and a frame's last piece goes out as soon as it arrives.
 STREAM_CHUNK_BYTES = 1024 * 1024
 
+# Scratch buffers a decoder gave back when it held nothing, for the next one that needs one: a
+# fresh 32 KiB bytearray is a malloc and a memset, and a busy connection needs one per read (its
+# scratch is released whenever a read ended on a frame boundary). Bounded: the connections idle
+# between reads still hold no buffer memory, and the pool holds at most this many.
+SPARE_SCRATCH_LIMIT = 16
+_spare_scratch: list[bytearray] = []
+
+
+def _take_scratch(size: int) -> bytearray:
+    """A scratch buffer of ``size`` bytes (its contents stale): a spare one when there is one."""
+    try:
+        spare = _spare_scratch.pop()
+    except IndexError:
+        return bytearray(size)
+    return spare if len(spare) == size else bytearray(size)
+
+
+def _give_scratch(scratch: bytearray) -> None:
+    """A scratch buffer no frame, head or view refers to any more."""
+    if len(_spare_scratch) < SPARE_SCRATCH_LIMIT:
+        _spare_scratch.append(scratch)
+
 
 class FrameHead:
     """A large frame has begun: its payload size and first bytes (a view valid until the next
@@ -141,7 +163,7 @@ class FrameDecoder:
                 self._grow_big()
             return memoryview(self._big)[self._big_filled :]
         if self._scratch is None:
-            self._scratch = bytearray(self._scratch_bytes)
+            self._scratch = _take_scratch(self._scratch_bytes)
         elif self._end == len(self._scratch):
             self._compact()
         return memoryview(self._scratch)[self._end :]
@@ -211,8 +233,10 @@ class FrameDecoder:
                 return
             break
         if self._start == self._end:
+            # Every frame in it was copied out and it was never offered (no FrameHead views it).
             self._start = self._end = 0
             self._scratch = None
+            _give_scratch(scratch)
         elif self._start > len(scratch) // 2:
             self._compact()
 

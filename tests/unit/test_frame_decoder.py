@@ -166,3 +166,29 @@ def test_a_streamed_frame_reuses_its_buffer_once_its_pieces_are_written() -> Non
             assert bytes(piece.data) == b"x" * len(piece.data)
             dec.reuse_chunk()  # as the pipeline does once the transport has flushed the piece
     assert len(buffers) == 1
+
+
+def test_connections_taking_turns_share_spare_scratch_buffers_and_keep_their_frames() -> None:
+    """A decoder that holds nothing gives its scratch back for the next read on any connection:
+    the frames it returned are copies, so a buffer reused elsewhere changes none of them."""
+    first, second = FrameDecoder(), FrameDecoder()
+    kept: list[bytes] = []
+    frames: list[bytearray] = []
+    for n in range(50):
+        for dec in (first, second):
+            payload = bytes([n]) * (100 + n)
+            buffer = dec.get_buffer()
+            wire = struct.pack(">i", len(payload)) + payload
+            buffer[: len(wire)] = wire
+            out = dec.written(len(wire))
+            assert dec.allocated == 0  # a read that ended on a frame boundary keeps no buffer
+            frames.extend(out)
+            kept.append(payload)
+    assert [bytes(f) for f in frames] == kept
+
+    # The buffer the last read went into is the one the next connection's read goes into.
+    last = first.get_buffer()
+    scratch = last.obj
+    last[:4] = struct.pack(">i", 0)
+    assert first.written(4) == [bytearray()]
+    assert FrameDecoder().get_buffer().obj is scratch
