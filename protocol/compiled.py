@@ -19,10 +19,11 @@ from pathlib import Path
 # The per-request path. Sans-IO: frame splitting and headers, the Produce scan and acks, the
 # look for NodeEndpoints at the end of every Produce v10+ and Fetch v16+ answer, record batch
 # headers, and the byte-rate quota tables with what they call per request; and the walk of a
-# large Metadata answer's topics, which runs on the event loop. Then the pipeline that calls
-# them for each request: its in-flight queue and flow control, streamed frames, the stage
-# dispatch, the request, response and FIFO entry objects, the address stage every Produce and
-# Fetch passes, and the traffic counters (its coroutines stay pure: proxy/pipeline/tasks.py).
+# large Metadata answer's topics, which runs on the event loop. Then the socket protocols' calls
+# on each read, and the pipeline that calls them for each request: its in-flight queue and flow
+# control, streamed frames, the stage dispatch, the request, response and FIFO entry objects, the
+# address stage every Produce and Fetch passes, and the traffic counters (its coroutines stay
+# pure: proxy/pipeline/tasks.py).
 COMPILED = (
     "protocol/api_keys.py",
     "protocol/frames.py",
@@ -40,6 +41,7 @@ COMPILED = (
     "quota/rate.py",
     "quota/shared_usage.py",
     "quota/token_bucket.py",
+    "proxy/net/pipeline_reads.py",
     "proxy/pipeline/connection.py",
     "proxy/pipeline/flow.py",
     "proxy/pipeline/frame_streams.py",

@@ -8,6 +8,8 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
+from proxy.net.pipeline_reads import ClientReads, UpstreamReads
+
 if TYPE_CHECKING:
     from proxy.pipeline.connection import Pipeline
 
@@ -42,61 +44,19 @@ def close_bounded(transport: asyncio.Transport, loop: asyncio.AbstractEventLoop)
         loop.call_later(CLOSE_FLUSH_SECONDS, transport.abort)
 
 
-class ClientProtocol(asyncio.BufferedProtocol):
-    """A client connection: the socket reads straight into the pipeline's request decoder."""
+class ClientProtocol(ClientReads, asyncio.BufferedProtocol):
+    """A client connection: the socket reads straight into the pipeline's request decoder (the
+    per-read calls are ClientReads', compiled)."""
 
     def __init__(self, make_pipeline: Callable[[asyncio.Transport], Pipeline]) -> None:
+        super().__init__()
         self.make_pipeline = make_pipeline
-        self.pipeline: Pipeline | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.pipeline = self.make_pipeline(cast(asyncio.Transport, transport))
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        assert self.pipeline is not None
-        return self.pipeline.requests.get_buffer()
 
-    def buffer_updated(self, nbytes: int) -> None:
-        assert self.pipeline is not None
-        self.pipeline.client_written(nbytes)
-
-    def eof_received(self) -> bool | None:
-        return None  # close our side too; the upstream is closed in connection_lost
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.pipeline is not None:
-            self.pipeline.client_lost(exc)
-
-    def pause_writing(self) -> None:
-        if self.pipeline is not None:
-            self.pipeline.pause_upstream("client-backpressure")
-
-    def resume_writing(self) -> None:
-        if self.pipeline is not None:
-            self.pipeline.resume_upstream("client-backpressure")
-
-
-class UpstreamProtocol(asyncio.BufferedProtocol):
-    """The pipeline's broker connection: the socket reads straight into its response decoder."""
-
-    def __init__(self, pipeline: Pipeline) -> None:
-        self.pipeline = pipeline
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.pipeline.responses.get_buffer()
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.pipeline.upstream_written(nbytes)
-
-    def eof_received(self) -> bool | None:
-        return None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.pipeline.upstream_lost(exc)
-
-    def pause_writing(self) -> None:
-        self.pipeline.pause_client("upstream-backpressure")
-
-    def resume_writing(self) -> None:
-        self.pipeline.resume_client("upstream-backpressure")
+class UpstreamProtocol(UpstreamReads, asyncio.BufferedProtocol):
+    """The pipeline's broker connection: the socket reads straight into its response decoder
+    (the per-read calls are UpstreamReads', compiled)."""
