@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from functools import cache
 from importlib import resources
+from typing import Final
 
 
 class ApiKey(enum.IntEnum):
@@ -40,7 +41,7 @@ class ApiKey(enum.IntEnum):
 
 
 # Keys newer than the schemas kafka-python ships: passed through, never decoded.
-_EXTRA_NAMES: dict[int, str] = {
+_EXTRA_NAMES: Final[dict[int, str]] = {
     38: "CreateDelegationToken",
     39: "RenewDelegationToken",
     40: "ExpireDelegationToken",

@@ -7,16 +7,16 @@ A size prefix over the limit is rejected before anything is allocated for it.
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, Final
 
 from protocol.api_keys import api_name
 from protocol.schema import Buffer, SchemaError, skip_tagged_fields, write_uvarint
 from protocol.versions import request_header_version, response_header_version
 
-SIZE = struct.Struct(">i")
-_REQ_FIXED = struct.Struct(">hhi")
-_I16 = struct.Struct(">h")
-DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # the broker's socket.request.max.bytes
+SIZE: Final = struct.Struct(">i")
+_REQ_FIXED: Final = struct.Struct(">hhi")
+_I16: Final = struct.Struct(">h")
+DEFAULT_MAX_FRAME_BYTES: Final = 100 * 1024 * 1024  # the broker's socket.request.max.bytes
 
 
 class FrameError(ValueError):
@@ -31,14 +31,14 @@ class FrameTooLarge(FrameError):
 # 256 KiB: a quarter of the writes and of the client's wake-ups on a bulk fetch, 9% less CPU per
 # GB (bench/request_cost.py --workload fetch, and a Java consumer side by side); a client reads a
 # response only once it is whole, and a frame's last piece goes out as soon as it arrives.
-STREAM_CHUNK_BYTES = 1024 * 1024
+STREAM_CHUNK_BYTES: Final = 1024 * 1024
 
 # Scratch buffers a decoder gave back when it held nothing, for the next one that needs one: a
 # fresh 32 KiB bytearray is a malloc and a memset, and a busy connection needs one per read (its
 # scratch is released whenever a read ended on a frame boundary). Bounded: the connections idle
 # between reads still hold no buffer memory, and the pool holds at most this many.
-SPARE_SCRATCH_LIMIT = 16
-_spare_scratch: list[bytearray] = []
+SPARE_SCRATCH_LIMIT: Final = 16
+_spare_scratch: Final[list[bytearray]] = []
 
 
 def _take_scratch(size: int) -> bytearray:

@@ -13,16 +13,18 @@ Sans-IO.
 
 from __future__ import annotations
 
+from typing import Final
+
 from protocol.schema import Buffer, SchemaError, read_uvarint, skip_tagged_fields
 
-FIRST_VERSION = 10  # the first MetadataResponse version with topic ids
-LAST_VERSION = 13  # the newest whose layout this walks
-ZERO_TOPIC_ID = bytes(16)
+FIRST_VERSION: Final = 10  # the first MetadataResponse version with topic ids
+LAST_VERSION: Final = 13  # the newest whose layout this walks
+ZERO_TOPIC_ID: Final = bytes(16)
 
 # Fixed bytes stepped over: a partition's error code, index, leader and leader epoch; a topic's
 # id and is_internal flag.
-_PARTITION_FIXED = 2 + 4 + 4 + 4
-_TOPIC_ID_AND_FLAG = 16 + 1
+_PARTITION_FIXED: Final = 2 + 4 + 4 + 4
+_TOPIC_ID_AND_FLAG: Final = 16 + 1
 
 
 def _count(buf: Buffer, pos: int, what: str) -> tuple[int, int]:

@@ -12,6 +12,7 @@ is fed the frame piece by piece, as a streamed response arrives, or whole. Sans-
 from __future__ import annotations
 
 from collections.abc import Generator
+from typing import Final
 
 from protocol.api_keys import ApiKey
 from protocol.schema import SchemaError, read_uvarint, skip_tagged_fields
@@ -20,10 +21,10 @@ from protocol.schema import SchemaError, read_uvarint, skip_tagged_fields
 # top-level tagged fields begin here.
 _Walk = Generator[int, bytes | None, None]
 
-NODE_ENDPOINTS_TAG = 0
+NODE_ENDPOINTS_TAG: Final = 0
 # What a neutralised NodeEndpoints becomes: a tag no client knows for these responses (the same
 # one-byte varint), so the response keeps its length and clients skip the field.
-WITHHELD_TAG = 0x7F
+WITHHELD_TAG: Final = 0x7F
 
 
 def _uvarint() -> Generator[int, bytes | None, int]:

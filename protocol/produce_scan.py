@@ -12,19 +12,20 @@ agree at every version.
 from __future__ import annotations
 
 import struct
+from typing import Final
 
 from protocol.partition_bytes import PartitionBytes
 from protocol.schema import Buffer, SchemaError, read_uvarint, skip_tagged_fields
 
-_FIRST_FLEXIBLE = 9
-_FIRST_TOPIC_ID = 13
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
-_BATCH_LEN = struct.Struct(">i")
-_PID = struct.Struct(">q")
-_COUNT = struct.Struct(">i")
-_LOG_OVERHEAD = 12
-_BATCH_HEADER = 61
+_FIRST_FLEXIBLE: Final = 9
+_FIRST_TOPIC_ID: Final = 13
+_I16: Final = struct.Struct(">h")
+_I32: Final = struct.Struct(">i")
+_BATCH_LEN: Final = struct.Struct(">i")
+_PID: Final = struct.Struct(">q")
+_COUNT: Final = struct.Struct(">i")
+_LOG_OVERHEAD: Final = 12
+_BATCH_HEADER: Final = 61
 
 
 def produce_partitions(version: int, body: Buffer) -> list[PartitionBytes]:

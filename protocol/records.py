@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from typing import Final
 
 from protocol.schema import Buffer
 
-LOG_OVERHEAD = 12  # baseOffset + batchLength
-BATCH_HEADER_SIZE = 61
-NO_PRODUCER_ID = -1
+LOG_OVERHEAD: Final = 12  # baseOffset + batchLength
+BATCH_HEADER_SIZE: Final = 61
+NO_PRODUCER_ID: Final = -1
 
-_LEN = struct.Struct(">i")
-_PID_EPOCH_SEQ_COUNT = struct.Struct(">qhii")
-_ATTRIBUTES = struct.Struct(">h")
-_TRANSACTIONAL = 0x10
-_CONTROL = 0x20
+_LEN: Final = struct.Struct(">i")
+_PID_EPOCH_SEQ_COUNT: Final = struct.Struct(">qhii")
+_ATTRIBUTES: Final = struct.Struct(">h")
+_TRANSACTIONAL: Final = 0x10
+_CONTROL: Final = 0x20
 
 
 class BatchInfo:

@@ -18,12 +18,12 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, Final
 
 from kafka.protocol.schemas.load_json import load_json
 
-UNKNOWN_TAGS = "_unknown_tags"
-MAX_VERSION = 32767
+UNKNOWN_TAGS: Final = "_unknown_tags"
+MAX_VERSION: Final = 32767
 
 Buffer = bytes | bytearray | memoryview
 Reader = Callable[[Buffer, int], tuple[Any, int]]
@@ -36,12 +36,12 @@ class SchemaError(ValueError):
 
 # --- primitives -----------------------------------------------------------------------------
 
-_I8 = struct.Struct(">b")
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
-_I64 = struct.Struct(">q")
-_U16 = struct.Struct(">H")
-_F64 = struct.Struct(">d")
+_I8: Final = struct.Struct(">b")
+_I16: Final = struct.Struct(">h")
+_I32: Final = struct.Struct(">i")
+_I64: Final = struct.Struct(">q")
+_U16: Final = struct.Struct(">H")
+_F64: Final = struct.Struct(">d")
 
 
 def read_uvarint(buf: Buffer, pos: int) -> tuple[int, int]:
@@ -229,7 +229,7 @@ def _in(version: int, rng: tuple[int, int] | None) -> bool:
     return rng is not None and rng[0] <= version <= rng[1]
 
 
-_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+_CAMEL: Final = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
 
 @cache
@@ -238,7 +238,14 @@ def snake(name: str) -> str:
     return _CAMEL.sub("_", name).lower()
 
 
-_DEFAULTS = {"bool": False, "float64": 0.0, "uuid": bytes(16), "string": "", "bytes": b"", "records": None}
+_DEFAULTS: Final = {
+    "bool": False,
+    "float64": 0.0,
+    "uuid": bytes(16),
+    "string": "",
+    "bytes": b"",
+    "records": None,
+}
 
 
 def _default(field: dict[str, Any], version: int) -> Any:

@@ -6,13 +6,14 @@ One place for every version threshold; import these, never retype a number.
 from __future__ import annotations
 
 from functools import cache
+from typing import Final
 
 from protocol.api_keys import ApiKey, api_name, has_schema
 from protocol.schema import message_schema
 
 # KIP-219: from these versions on, the client backs off by itself on throttle_time_ms, so the
 # broker sends the response at once and mutes the channel; older versions get a delayed response.
-CLIENT_THROTTLES_FROM: dict[int, int] = {
+CLIENT_THROTTLES_FROM: Final[dict[int, int]] = {
     ApiKey.PRODUCE: 6,
     ApiKey.FETCH: 8,
     ApiKey.METADATA: 6,
@@ -28,18 +29,18 @@ CLIENT_THROTTLES_FROM: dict[int, int] = {
 
 # KIP-599: from these versions on, mutation requests over quota fail per topic with
 # THROTTLING_QUOTA_EXCEEDED (strict); older versions are always admitted (permissive).
-STRICT_MUTATION_FROM: dict[int, int] = {
+STRICT_MUTATION_FROM: Final[dict[int, int]] = {
     ApiKey.CREATE_TOPICS: 6,
     ApiKey.CREATE_PARTITIONS: 3,
     ApiKey.DELETE_TOPICS: 5,
 }
 
 # Tagged NodeEndpoints (leader hints with broker addresses) appear in these responses.
-NODE_ENDPOINTS_FROM: dict[int, int] = {ApiKey.PRODUCE: 10, ApiKey.FETCH: 16}
+NODE_ENDPOINTS_FROM: Final[dict[int, int]] = {ApiKey.PRODUCE: 10, ApiKey.FETCH: 16}
 
 # Address-bearing APIs the proxy cannot rewrite: hidden from ApiVersions (or capped) so no client
 # ever learns a broker or controller address through them.
-ADDRESS_LEAKING_CAP: dict[int, int | None] = {
+ADDRESS_LEAKING_CAP: Final[dict[int, int | None]] = {
     ApiKey.DESCRIBE_QUORUM: 1,  # v2+ lists the controllers' listeners
     ApiKey.SHARE_FETCH: None,  # NodeEndpoints, no schema to rewrite them with
     ApiKey.SHARE_ACKNOWLEDGE: None,
@@ -48,10 +49,10 @@ ADDRESS_LEAKING_CAP: dict[int, int | None] = {
 # Kafka 4 still advertises these APIs from v0 although it refuses versions below the value here
 # (librdkafka checks for Produce v0, KAFKA-18659). The proxy passes the advertised minimum on
 # unchanged and, like the broker, refuses the versions below.
-ADVERTISED_BELOW_ACCEPTED: dict[int, int] = {ApiKey.PRODUCE: 3}
+ADVERTISED_BELOW_ACCEPTED: Final[dict[int, int]] = {ApiKey.PRODUCE: 3}
 
 # The APIs whose messages the proxy decodes: their versions are capped at what the codec knows.
-DECODED_APIS: frozenset[int] = frozenset(
+DECODED_APIS: Final[frozenset[int]] = frozenset(
     {
         ApiKey.PRODUCE,
         ApiKey.FETCH,

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
+from typing import Final
 
 from quota.cluster_report import UsageReport
 
@@ -55,7 +56,7 @@ class ClusterMode:
         return bool(self.reason)
 
 
-NORMAL = ClusterMode(1.0, False, 1, "")
+NORMAL: Final = ClusterMode(1.0, False, 1, "")
 
 
 class ClusterLink:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from quota.cluster import ClusterLink
 from quota.entities import Bucket, Match, any_entity_quota, named_bucket, resolve, topic_quota, topic_scope
@@ -22,16 +22,16 @@ if TYPE_CHECKING:  # at run time any object with these attributes (quota.plain_c
 PartitionKey = tuple[str, int]
 # A grant not given back within this long is forgotten (a client's default request.timeout.ms):
 # a fetch whose answer never came must not keep its entity's allowance small for ever.
-GRANT_MAX_AGE_MS = 30_000.0
+GRANT_MAX_AGE_MS: Final = 30_000.0
 # Another replica's usage of a bucket this recent means the bucket is served by several replicas
 # at once (a fetch allowance is then split between them).
-SHARED_RECENT_MS = 2_000.0
+SHARED_RECENT_MS: Final = 2_000.0
 # Replicas whose clients of a shared bucket were throttled this recently share it equally.
-SHARERS_WITHIN_MS = 600.0
+SHARERS_WITHIN_MS: Final = 600.0
 # The fair-share cap of a replica holds this many seconds of its share as a burst.
-FAIR_BURST_SECONDS = 1.0
+FAIR_BURST_SECONDS: Final = 1.0
 # A replica whose clients used nothing of a bucket they want more of for this long is starved.
-STARVED_MS = 2_000.0
+STARVED_MS: Final = 2_000.0
 
 
 class PartitionUsage:

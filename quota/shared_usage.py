@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 from quota.cluster_report import BLOCKED, CAPPED
 from quota.rate import SampledRate
 from quota.token_bucket import TokenBucket
 
 K = TypeVar("K", tuple[str, str], tuple[str, int])
-OWN_RATE_SPAN_MS = 5000.0
+OWN_RATE_SPAN_MS: Final = 5000.0
 
 
 class SharedUsage(Generic[K]):

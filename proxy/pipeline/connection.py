@@ -14,7 +14,7 @@ import itertools
 import logging
 import struct
 from collections import deque
-from typing import Any
+from typing import Any, Final
 
 from protocol import messages
 from protocol.api_keys import api_name
@@ -43,15 +43,15 @@ from quota.exemptions import parse_address
 from quota.keys import ANONYMOUS
 
 log = logging.getLogger(__name__)
-_CONNECTION_RATE = "connection-rate"  # the pause of a connection over its IP's creation rate
-_ids = itertools.count(1)
+_CONNECTION_RATE: Final = "connection-rate"  # the pause of a connection over its IP's creation rate
+_ids: Final = itertools.count(1)
 
 # Per-direction write buffer: large enough that a multi-hundred-KiB Produce or Fetch frame does not
 # pause the other side on every frame, small enough to bound memory per connection.
-WRITE_BUFFER_HIGH = 4 * 1024 * 1024
-WRITE_BUFFER_LOW = 1024 * 1024
+WRITE_BUFFER_HIGH: Final = 4 * 1024 * 1024
+WRITE_BUFFER_LOW: Final = 1024 * 1024
 
-STREAM_FROM_BYTES = 64 * 1024  # frames from this size go out as they arrive, when they may
+STREAM_FROM_BYTES: Final = 64 * 1024  # frames from this size go out as they arrive, when they may
 
 
 class Pipeline(ConnectionFlow):

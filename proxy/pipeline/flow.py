@@ -10,7 +10,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, Final
 
 from proxy.net import transports
 from proxy.net.transports import peer_has_closed
@@ -20,9 +20,9 @@ from proxy.pipeline.tasks import held
 log = logging.getLogger("proxy.pipeline.connection")  # a held task's failure is the connection's
 
 # Reasons a connection reads nothing new until they pass (other pauses only stop the socket).
-_THROTTLE = "throttle"  # muted for a throttle time
-_THROTTLE_PENDING = "throttle-pending"  # a throttled request's response has not gone out yet
-_HOLD_REASONS = frozenset({_THROTTLE, _THROTTLE_PENDING, "admission", "volume-pause", "quota-api"})
+_THROTTLE: Final = "throttle"  # muted for a throttle time
+_THROTTLE_PENDING: Final = "throttle-pending"  # a throttled request's response has not gone out yet
+_HOLD_REASONS: Final = frozenset({_THROTTLE, _THROTTLE_PENDING, "admission", "volume-pause", "quota-api"})
 
 
 class ConnectionFlow:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from protocol.api_keys import ApiKey
-from proxy.traffic_metrics import TrafficCollector
+from proxy.traffic_metrics import LATENCY_BUCKETS, TrafficCollector, latency_bucket
 
 
 def test_counts_bytes_and_latency_buckets_are_exposed_by_api() -> None:
@@ -29,3 +33,8 @@ def test_counts_bytes_and_latency_buckets_are_exposed_by_api() -> None:
     assert sample("kthrottle_upstream_latency_seconds_count", {"api": "Produce"}) == 4
     assert abs(sample("kthrottle_upstream_latency_seconds_sum", {"api": "Produce"}) - 40.0029) < 1e-9
     assert b'kthrottle_requests_total{api="Produce"} 4.0' in generate_latest(registry)
+
+
+@given(st.one_of(st.sampled_from(LATENCY_BUCKETS), st.floats(0.0, 100.0)))
+def test_a_latency_falls_in_the_first_bucket_whose_bound_is_at_or_above_it(seconds: float) -> None:
+    assert latency_bucket(seconds) == bisect_left(LATENCY_BUCKETS, seconds)

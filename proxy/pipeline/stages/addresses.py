@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
+from typing import Final
 
 from protocol import messages
 from protocol.api_keys import ApiKey
@@ -17,13 +18,13 @@ from proxy.pipeline.stages.base import WHOLE, Connection, InFlight, Request, Res
 from proxy.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
-withheld_log = RateLimitedLog(log)
+withheld_log: Final = RateLimitedLog(log)
 
 # Responses that may carry broker addresses or capabilities the proxy must change.
-_REWRITE_ALWAYS = frozenset(
+_REWRITE_ALWAYS: Final = frozenset(
     {ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER}
 )
-_KEYS = _REWRITE_ALWAYS | frozenset(NODE_ENDPOINTS_FROM)
+_KEYS: Final = _REWRITE_ALWAYS | frozenset(NODE_ENDPOINTS_FROM)
 
 
 class AddressStage(Stage):

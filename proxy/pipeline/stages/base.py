@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Collection, Coroutine
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from proxy.shared.quota_api import QuotaAlterBoth
     from proxy.shared.throttling import FetchCharge, FetchRequestInfo
 
-EVERY_KEY: None = None  # ``Stage.request_keys`` answer: every API key
+EVERY_KEY: Final[None] = None  # ``Stage.request_keys`` answer: every API key
 
 
 class StreamFilter(Protocol):
@@ -58,7 +58,7 @@ class _Whole:
         raise AssertionError("a response a stage needs whole is not streamed")
 
 
-WHOLE: StreamFilter = _Whole()
+WHOLE: Final[StreamFilter] = _Whole()
 
 
 class InFlight:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from proxy.pipeline.stages.base import Connection, Stage, StageFactory
 
@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from proxy.shared.throttling import QuotaEnforcer
 
 
-_MAX_RESOLVED = 1024  # (key, version) pairs remembered per connection
+_MAX_RESOLVED: Final = 1024  # (key, version) pairs remembered per connection
 
 
 class StageSet:
