@@ -40,6 +40,14 @@ class ApiKey(enum.IntEnum):
     SHARE_ACKNOWLEDGE = 79
 
 
+# The keys the per-request path compares with, as plain ints. Compiled, a comparison with an
+# IntEnum member is a generic call after a lookup of the member on its class; one with a Final
+# int is a machine compare. (tests/unit/test_api_keys.py holds them equal to ApiKey's.)
+PRODUCE_KEY: Final = 0
+FETCH_KEY: Final = 1
+METADATA_KEY: Final = 3
+API_VERSIONS_KEY: Final = 18
+
 # Keys newer than the schemas kafka-python ships: passed through, never decoded.
 _EXTRA_NAMES: Final[dict[int, str]] = {
     38: "CreateDelegationToken",
@@ -94,6 +102,22 @@ def schema_names() -> dict[int, str]:
 def api_name(api_key: int) -> str | None:
     """The API's name, or None for a key the proxy does not know (such frames close the connection)."""
     return schema_names().get(api_key) or _EXTRA_NAMES.get(api_key)
+
+
+_KEY_SLOTS: Final = 256
+_known: Final[list[int]] = [-1] * _KEY_SLOTS  # per api key: 1 known, 0 not, -1 not asked yet
+
+
+def is_known_key(api_key: int) -> bool:
+    """``api_name(api_key) is not None``, for the check every request header gets: a plain list
+    (the cached function's call, its boxed argument hashed into a dict, cost more than the rest
+    of the header parse)."""
+    if not 0 <= api_key < _KEY_SLOTS:
+        return api_name(api_key) is not None
+    known = _known[api_key]
+    if known < 0:
+        known = _known[api_key] = 0 if api_name(api_key) is None else 1
+    return known == 1
 
 
 def has_schema(api_key: int) -> bool:

@@ -9,12 +9,14 @@ from __future__ import annotations
 import struct
 from typing import Any, Final
 
-from protocol.api_keys import api_name
+from protocol.api_keys import is_known_key
 from protocol.schema import Buffer, SchemaError, skip_tagged_fields, write_uvarint
-from protocol.versions import request_header_version, response_header_version
+from protocol.versions import header_flexible, request_header_version, response_header_version
 
 SIZE: Final = struct.Struct(">i")
 _REQ_FIXED: Final = struct.Struct(">hhi")
+_REQ_HEAD: Final = struct.Struct(">hhih")  # and the client id's length
+_NO_TAGS: Final = b"\x00"  # an empty tagged-field section
 _I16: Final = struct.Struct(">h")
 DEFAULT_MAX_FRAME_BYTES: Final = 100 * 1024 * 1024  # the broker's socket.request.max.bytes
 
@@ -38,22 +40,27 @@ STREAM_CHUNK_BYTES: Final = 1024 * 1024
 # scratch is released whenever a read ended on a frame boundary). Bounded: the connections idle
 # between reads still hold no buffer memory, and the pool holds at most this many.
 SPARE_SCRATCH_LIMIT: Final = 16
-_spare_scratch: Final[list[bytearray]] = []
+_spare_scratch: Final[list[tuple[bytearray, memoryview]]] = []  # each with its whole view
 
 
-def _take_scratch(size: int) -> bytearray:
-    """A scratch buffer of ``size`` bytes (its contents stale): a spare one when there is one."""
+def _take_scratch(size: int) -> tuple[bytearray, memoryview]:
+    """A scratch buffer of ``size`` bytes (its contents stale) and a view of all of it: a spare
+    one when there is one."""
     try:
         spare = _spare_scratch.pop()
     except IndexError:
-        return bytearray(size)
-    return spare if len(spare) == size else bytearray(size)
+        scratch = bytearray(size)
+        return scratch, memoryview(scratch)
+    if len(spare[0]) == size:
+        return spare
+    scratch = bytearray(size)
+    return scratch, memoryview(scratch)
 
 
-def _give_scratch(scratch: bytearray) -> None:
-    """A scratch buffer no frame, head or view refers to any more."""
+def _give_scratch(scratch: bytearray, view: memoryview) -> None:
+    """A scratch buffer no frame, head or view but its own refers to any more."""
     if len(_spare_scratch) < SPARE_SCRATCH_LIMIT:
-        _spare_scratch.append(scratch)
+        _spare_scratch.append((scratch, view))
 
 
 class FrameHead:
@@ -112,6 +119,7 @@ class FrameDecoder:
         "_offered",
         "_scratch",
         "_scratch_bytes",
+        "_scratch_view",
         "_start",
         "_stream_left",
         "big_frame_bytes",
@@ -142,6 +150,7 @@ class FrameDecoder:
         self.big_frame_bytes = min(big_frame_bytes, scratch_bytes // 2)
         self._scratch_bytes = scratch_bytes
         self._scratch: bytearray | None = None
+        self._scratch_view: memoryview | None = None  # all of _scratch (a view a read, not two)
         self._start = 0  # unconsumed bytes are scratch[start:end]
         self._end = 0
         self._big: bytearray | None = None  # payload of a large frame being filled
@@ -162,11 +171,14 @@ class FrameDecoder:
             if self._big_filled == len(self._big):
                 self._grow_big()
             return memoryview(self._big)[self._big_filled :]
-        if self._scratch is None:
-            self._scratch = _take_scratch(self._scratch_bytes)
-        elif self._end == len(self._scratch):
+        view = self._scratch_view
+        if view is None:
+            scratch, view = _take_scratch(self._scratch_bytes)
+            self._scratch, self._scratch_view = scratch, view
+        elif self._end == len(view):
             self._compact()
-        return memoryview(self._scratch)[self._end :]
+        end = self._end
+        return view if not end else view[end:]
 
     def written(self, n: int) -> list[Any]:
         """``n`` bytes were written into the last buffer; returns the frames now complete
@@ -235,8 +247,10 @@ class FrameDecoder:
         if self._start == self._end:
             # Every frame in it was copied out and it was never offered (no FrameHead views it).
             self._start = self._end = 0
-            self._scratch = None
-            _give_scratch(scratch)
+            view = self._scratch_view
+            assert view is not None
+            self._scratch = self._scratch_view = None
+            _give_scratch(scratch, view)
         elif self._start > len(scratch) // 2:
             self._compact()
 
@@ -245,7 +259,7 @@ class FrameDecoder:
         big[:have] = scratch[begin : self._end]
         self._big, self._big_filled, self._big_size = big, have, size
         self._start = self._end = 0
-        self._scratch = None
+        self._scratch = self._scratch_view = None
 
     def _gather_offered(self) -> None:
         """The offered frame was not taken for streaming: gather it whole."""
@@ -266,7 +280,7 @@ class FrameDecoder:
         head = bytes(self._scratch[begin : self._end])
         self._stream_left = size - len(head)
         self._start = self._end = 0
-        self._scratch = None
+        self._scratch = self._scratch_view = None
         return head
 
     def reuse_chunk(self) -> None:
@@ -351,12 +365,11 @@ def parse_request_header(payload: Buffer) -> RequestHeader:
     """Read the request header; unknown api keys and truncation raise FrameError."""
     if len(payload) < 10:
         raise FrameError(f"request of {len(payload)} bytes is too short for a header")
-    api_key, api_version, correlation_id = _REQ_FIXED.unpack_from(payload, 0)
-    if api_name(api_key) is None:
+    api_key, api_version, correlation_id, n = _REQ_HEAD.unpack_from(payload, 0)
+    if not is_known_key(api_key):
         raise FrameError(f"unknown api key {api_key}")
     if api_version < 0:
         raise FrameError(f"negative api version {api_version}")
-    (n,) = _I16.unpack_from(payload, 8)
     pos = 10
     client_id: str | None = None
     if n >= 0:
@@ -370,7 +383,11 @@ def parse_request_header(payload: Buffer) -> RequestHeader:
     elif n != -1:
         raise FrameError(f"invalid client id length {n}")
     header = RequestHeader(api_key, api_version, correlation_id, client_id, pos)
-    if header.version >= 2:
+    if header_flexible(api_key, api_version):
+        if pos < len(payload) and payload[pos] == 0:
+            header.size = pos + 1  # no tagged fields, as nearly every client sends
+            header.tagged = _NO_TAGS
+            return header
         start = pos
         try:
             pos = skip_tagged_fields(payload, pos)

@@ -14,8 +14,10 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Final
 
-from protocol.api_keys import ApiKey
-from protocol.schema import SchemaError, read_uvarint, skip_tagged_fields
+from mypy_extensions import i64
+
+from protocol.api_keys import FETCH_KEY
+from protocol.schema import SchemaError, read_uvarint
 
 # What the walk asks for next: n > 0 read n bytes (sent back), n < 0 skip -n bytes, 0 the
 # top-level tagged fields begin here.
@@ -113,7 +115,7 @@ class TailFinder:
     __slots__ = ("_gathered", "_need", "_walk", "consumed", "tail_at")
 
     def __init__(self, api_key: int, version: int) -> None:
-        self._walk = _fetch(version) if api_key == ApiKey.FETCH else _produce(version)
+        self._walk = _fetch(version) if api_key == FETCH_KEY else _produce(version)
         self._need = next(self._walk)
         self._gathered = bytearray()  # bytes of a read not complete yet
         self.consumed = 0  # bytes of the frame walked so far
@@ -156,56 +158,123 @@ class TailFinder:
         return pos
 
 
-def tail_of(api_key: int, version: int, frame: bytes | bytearray | memoryview) -> memoryview:
-    """The top-level tagged fields of a whole Produce or Fetch response frame (the same walk as
-    ``TailFinder``, straight over the bytes: a small response costs a few microseconds)."""
-    buf = memoryview(frame)
-    pos = skip_tagged_fields(buf, 4)  # correlation id, response header
-    if api_key == ApiKey.FETCH:
+# A whole frame up to this size is walked as a bytes copy: compiled, a bytes object is indexed
+# natively, a bytearray or memoryview only through the generic protocol (a boxed int and a call a
+# byte; a Produce answer's walk cost ten times its copy). Larger frames are walked in place.
+TAIL_COPY_LIMIT: Final = 64 * 1024
+
+
+def tail_of(
+    api_key: int, version: int, frame: bytes | bytearray | memoryview, copy_limit: int = TAIL_COPY_LIMIT
+) -> memoryview:
+    """The top-level tagged fields of a whole Produce or Fetch response frame, a view of it (the
+    same walk as ``TailFinder``, straight over the bytes: a small response costs a microsecond)."""
+    if len(frame) > copy_limit:
+        finder = TailFinder(api_key, version)
+        finder.feed(frame)
+        if finder.tail_at is None or finder.tail_at >= len(frame):
+            raise SchemaError(f"truncated {api_key} v{version} response")
+        return memoryview(frame)[finder.tail_at :]
+    return memoryview(frame)[_tail_at(api_key, version, bytes(frame)) :]
+
+
+def _tail_at(api_key: int, version: int, buf: bytes) -> int:
+    # Native 64-bit positions (i64): compiled, plain C arithmetic, no tagged-int checks.
+    fetch = api_key == FETCH_KEY
+    pos = _skip_tags_at(buf, 4)  # correlation id, response header
+    if fetch:
         pos += 10  # throttle_time_ms, error_code, session_id
-    topics, pos = read_uvarint(buf, pos)
+    topics, pos = _varint_at(buf, pos)
     for _ in range(topics - 1):
         if version >= 13:
             pos += 16
         else:
-            n, pos = read_uvarint(buf, pos)
+            n, pos = _varint_at(buf, pos)
             pos += n - 1
-        partitions, pos = read_uvarint(buf, pos)
+        partitions, pos = _varint_at(buf, pos)
         for _ in range(partitions - 1):
             pos += 30
-            items, pos = read_uvarint(buf, pos)  # aborted transactions, or record errors
+            items, pos = _varint_at(buf, pos)  # aborted transactions, or record errors
             for _ in range(items - 1):
-                if api_key == ApiKey.FETCH:
+                if fetch:
                     pos += 16
                 else:
                     pos += 4
-                    n, pos = read_uvarint(buf, pos)
-                    pos += max(0, n - 1)
-                pos = skip_tagged_fields(buf, pos)
-            if api_key == ApiKey.FETCH:
+                    n, pos = _varint_at(buf, pos)
+                    if n > 1:
+                        pos += n - 1
+                pos = _skip_tags_at(buf, pos)
+            if fetch:
                 pos += 4  # preferred_read_replica
-            n, pos = read_uvarint(buf, pos)  # records, or error_message
-            pos += max(0, n - 1)
-            pos = skip_tagged_fields(buf, pos)
-        pos = skip_tagged_fields(buf, pos)
-    if api_key == ApiKey.PRODUCE:
+            n, pos = _varint_at(buf, pos)  # records, or error_message
+            if n > 1:
+                pos += n - 1
+            pos = _skip_tags_at(buf, pos)
+        pos = _skip_tags_at(buf, pos)
+    if not fetch:
         pos += 4  # throttle_time_ms
     if pos >= len(buf):
         raise SchemaError(f"truncated {api_key} v{version} response")
-    return buf[pos:]
+    return pos
+
+
+def _varint_at(buf: bytes, pos: i64) -> tuple[i64, i64]:
+    """``schema.read_uvarint`` over bytes (indexed natively when compiled)."""
+    result: i64 = 0
+    shift: i64 = 0
+    size: i64 = len(buf)
+    while True:
+        if pos < 0 or pos >= size:
+            raise SchemaError("truncated varint")
+        byte: i64 = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 35:
+            raise SchemaError("varint too long")
+
+
+def _skip_tags_at(buf: bytes, pos: i64) -> i64:
+    """``schema.skip_tagged_fields`` over bytes."""
+    count, pos = _varint_at(buf, pos)
+    for _ in range(count):
+        _tag, pos = _varint_at(buf, pos)
+        size, pos = _varint_at(buf, pos)
+        pos += size
+    if pos > len(buf):
+        raise SchemaError("truncated tagged fields")
+    return pos
 
 
 def node_endpoints_at(tail: bytes | bytearray | memoryview) -> tuple[int, int] | None:
     """(offset of its tag, offset past its data) of NodeEndpoints in a tagged-field section."""
-    count, pos = read_uvarint(tail, 0)
+    return _endpoints_in(bytes(tail), 0)
+
+
+def has_node_endpoints(api_key: int, version: int, frame: bytes | bytearray | memoryview) -> bool:
+    """Whether a whole Produce or Fetch response frame ends with NodeEndpoints: ``tail_of`` and
+    ``node_endpoints_at`` in one walk over one copy (asked of nearly every such response)."""
+    if len(frame) > TAIL_COPY_LIMIT:
+        return node_endpoints_at(tail_of(api_key, version, frame)) is not None
+    buf = bytes(frame)
+    return _endpoints_in(buf, _tail_at(api_key, version, buf)) is not None
+
+
+def _endpoints_in(buf: bytes, pos: i64) -> tuple[int, int] | None:
+    """NodeEndpoints in the tagged-field section at ``pos``: its tag's and its end's offsets from
+    there."""
+    origin = pos
+    count, pos = _varint_at(buf, pos)
     for _ in range(count):
         start = pos
-        tag, pos = read_uvarint(tail, pos)
-        size, pos = read_uvarint(tail, pos)
-        if pos + size > len(tail):
+        tag, pos = _varint_at(buf, pos)
+        size, pos = _varint_at(buf, pos)
+        if pos + size > len(buf):
             raise SchemaError("truncated tagged field")
         if tag == NODE_ENDPOINTS_TAG:
-            return start, pos + size
+            return int(start - origin), int(pos + size - origin)
         pos += size
     return None
 

@@ -93,18 +93,19 @@ def produce_partitions(version: int, body: Buffer) -> list[PartitionBytes]:
     return out
 
 
-def read_produce_acks(version: int, body: Buffer) -> int:
-    """A Produce request's acks without decoding the request: what a connection with nothing to
-    charge needs (acks=0 has no response). v0-2 begin with acks; v3+ put a nullable
-    transactional_id before it."""
-    pos = 0
+def read_produce_acks(version: int, body: Buffer, start: int = 0) -> int:
+    """A Produce request's acks without decoding the request (its body from ``start``: a whole
+    frame and its header's size need no view made): what a connection with nothing to charge
+    needs (acks=0 has no response). v0-2 begin with acks; v3+ put a nullable transactional_id
+    before it."""
+    pos = start
     if version >= 3:
         if version >= _FIRST_FLEXIBLE:
-            length, pos = _uvarint(body, 0)
+            length, pos = _uvarint(body, pos)
             length -= 1  # compact: 0 is null
         else:
-            length = _I16.unpack_from(body, 0)[0]
-            pos = 2
+            length = _I16.unpack_from(body, pos)[0]
+            pos += 2
         if length > 0:
             pos += length
     if pos + 2 > len(body):

@@ -8,8 +8,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Final
 
-from protocol.api_keys import ApiKey, api_name, has_schema
-from protocol.schema import message_schema
+from protocol.api_keys import API_VERSIONS_KEY, ApiKey, api_name, has_schema
+from protocol.schema import MAX_VERSION, message_schema
 
 # KIP-219: from these versions on, the client backs off by itself on throttle_time_ms, so the
 # broker sends the response at once and mutes the channel; older versions get a delayed response.
@@ -97,12 +97,36 @@ def is_flexible(api_key: int, version: int) -> bool:
     return message_schema(f"{api_name(api_key)}Request").is_flexible(version)
 
 
+# Each api key's flexible versions (first, last), filled as keys are first seen: every request
+# and response header asks, and ``is_flexible``'s cached call (a boxed key tuple hashed into a
+# dict) cost more than the rest of a header's parse. A first of -1: not looked up yet.
+_FLEXIBLE_SLOTS: Final = 256
+_flexible_first: Final[list[int]] = [-1] * _FLEXIBLE_SLOTS
+_flexible_last: Final[list[int]] = [-1] * _FLEXIBLE_SLOTS
+
+
+def header_flexible(api_key: int, version: int) -> bool:
+    """``is_flexible``, from plain lists (for the header of every request and response)."""
+    if not 0 <= api_key < _FLEXIBLE_SLOTS:
+        return is_flexible(api_key, version)
+    first = _flexible_first[api_key]
+    if first < 0:
+        if not has_schema(api_key):
+            first, last = 0, MAX_VERSION
+        else:
+            found = message_schema(f"{api_name(api_key)}Request").flexible
+            first, last = found if found is not None else (MAX_VERSION + 1, MAX_VERSION + 1)
+        _flexible_last[api_key] = last
+        _flexible_first[api_key] = first
+    return first <= version <= _flexible_last[api_key]
+
+
 def request_header_version(api_key: int, version: int) -> int:
-    return 2 if is_flexible(api_key, version) else 1
+    return 2 if header_flexible(api_key, version) else 1
 
 
 def response_header_version(api_key: int, version: int) -> int:
     # ApiVersions responses keep header v0 so that a client of any version can read them.
-    if api_key == ApiKey.API_VERSIONS:
+    if api_key == API_VERSIONS_KEY:
         return 0
-    return 1 if is_flexible(api_key, version) else 0
+    return 1 if header_flexible(api_key, version) else 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
-from protocol.api_keys import ApiKey
+from protocol.api_keys import PRODUCE_KEY
 from protocol.frames import SIZE, FrameError, FrameHead, Piece, parse_request_header
 from protocol.schema import SchemaError
 from proxy.pipeline.stages import InFlight, Request
@@ -47,7 +47,7 @@ class FrameStreams:
         try:
             header = parse_request_header(head.head)
             key, version = header.api_key, header.api_version
-            if key != ApiKey.PRODUCE:
+            if key != PRODUCE_KEY:
                 return
             stages = conn.stages.for_request(key, version)
             if any(stage.reads_request_body(key, version) for stage in stages):

@@ -255,3 +255,4 @@ def test_produce_acks_read_without_decoding(acks: int, transactional_id: str | N
         wire = messages.encode(ApiKey.PRODUCE, version, req, response=False)
         expected = messages.produce_acks(messages.decode_request(ApiKey.PRODUCE, version, wire))
         assert read_produce_acks(version, wire) == expected == acks, f"v{version}"
+        assert read_produce_acks(version, b"header" + wire, len(b"header")) == acks  # a whole frame

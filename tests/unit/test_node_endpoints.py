@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 from protocol import messages
 from protocol.api_keys import ApiKey
 from protocol.frames import encode_response_header, response_header_size
-from protocol.node_endpoints import TailFinder, node_endpoints_at, tail_of, withhold_node_endpoints
+from protocol.node_endpoints import (
+    TailFinder,
+    has_node_endpoints,
+    node_endpoints_at,
+    tail_of,
+    withhold_node_endpoints,
+)
 from protocol.schema import SchemaError
 
 ENDPOINTS = [
@@ -122,7 +128,9 @@ def test_the_tail_is_found_however_the_frame_is_split(
         forwarded += split.feed(memoryview(frame)[pos : pos + n])
         pos += n
     assert split.tail_at == whole.tail_at == forwarded == len(frame) - len(tail_of(key, version, frame))
+    assert len(tail_of(key, version, frame, copy_limit=0)) == len(frame) - whole.tail_at  # walked in place
     assert (node_endpoints_at(frame[whole.tail_at :]) is not None) == endpoints
+    assert has_node_endpoints(key, version, frame) == endpoints
 
 
 @pytest.mark.parametrize(("key", "version"), CASES)
@@ -140,9 +148,12 @@ def test_withheld_endpoints_leave_a_response_clients_read_without_them(key: int,
     assert b"broker-1" not in frame and b"broker-2" not in frame
     assert after["responses"] == before["responses"]
     assert not withhold_node_endpoints(tail_of(key, version, frame))
+    assert not withhold_node_endpoints(tail_of(key, version, frame, copy_limit=0))
 
 
 def test_a_truncated_response_is_refused() -> None:
     frame = _frame(ApiKey.FETCH, 17, _fetch(17, False, [500]))
     with pytest.raises(SchemaError):
         tail_of(ApiKey.FETCH, 17, frame[:-40])
+    with pytest.raises(SchemaError):
+        tail_of(ApiKey.FETCH, 17, frame[:-40], copy_limit=0)

@@ -10,9 +10,9 @@ from collections.abc import Collection
 from typing import Final
 
 from protocol import messages
-from protocol.api_keys import ApiKey
+from protocol.api_keys import API_VERSIONS_KEY, METADATA_KEY, ApiKey
 from protocol.metadata_brokers import rewrite_metadata_brokers
-from protocol.node_endpoints import TailFinder, node_endpoints_at, tail_of, withhold_node_endpoints
+from protocol.node_endpoints import TailFinder, has_node_endpoints, withhold_node_endpoints
 from protocol.versions import NODE_ENDPOINTS_FROM
 from proxy.pipeline.stages.base import WHOLE, Connection, InFlight, Request, Response, Stage, StreamFilter
 from proxy.ratelog import RateLimitedLog
@@ -53,23 +53,25 @@ class AddressStage(Stage):
     def on_response(self, resp: Response) -> bool:
         if resp.replacement is not None:
             return False
-        server = self.conn.server
         entry = resp.entry
         key = entry.api_key
-        if key in NODE_ENDPOINTS_FROM and not resp.decoded:
-            # Most Produce and Fetch responses carry no addresses: look at their last field
-            # (found without decoding them) before decoding them to rewrite it.
-            tail = tail_of(key, entry.api_version, resp.frame)
-            if node_endpoints_at(tail) is None:
-                return False
-        if key == ApiKey.METADATA and not resp.decoded:
+        # Most Produce and Fetch responses carry no addresses: look at their last field (found
+        # without decoding them) before decoding them to rewrite it.
+        if (
+            key in NODE_ENDPOINTS_FROM
+            and not resp.decoded
+            and not has_node_endpoints(key, entry.api_version, resp.frame)
+        ):
+            return False
+        server = self.conn.server
+        if key == METADATA_KEY and not resp.decoded:
             self._pass_metadata_on(resp)
             return False
         body = resp.body
-        if key == ApiKey.METADATA:
+        if key == METADATA_KEY:
             server.topic_names.learn(messages.metadata_topic_ids(body))
         changed = 0
-        if key == ApiKey.API_VERSIONS:
+        if key == API_VERSIONS_KEY:
             messages.intersect_api_versions(body)
             changed = 1
         changed += messages.rewrite_addresses(key, entry.api_version, body, server.brokers.advertised)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from mypy_extensions import mypyc_attr
 
 from protocol import messages
-from protocol.api_keys import ApiKey
+from protocol.api_keys import PRODUCE_KEY
 from protocol.frames import RequestHeader, response_header_size
 from protocol.produce_scan import read_produce_acks
 from protocol.sasl import SaslTracker
@@ -169,17 +169,17 @@ class Request:
     @property
     def acks(self) -> int | None:
         """A Produce request's acks (read from the bytes unless the body is decoded); None otherwise."""
-        if self._acks is None and self.header.api_key == ApiKey.PRODUCE:
+        if self._acks is None and self.header.api_key == PRODUCE_KEY:
             header = self.header
             if self._body is not None:
                 self._acks = messages.produce_acks(self._body)
             else:
-                self._acks = read_produce_acks(header.api_version, memoryview(self.frame)[header.size :])
+                self._acks = read_produce_acks(header.api_version, self.frame, header.size)
         return self._acks
 
     @property
     def expects_response(self) -> bool:
-        return self.header.api_key != ApiKey.PRODUCE or self.acks != 0
+        return self.header.api_key != PRODUCE_KEY or self.acks != 0
 
     def want_response(self, stage: Stage) -> None:
         """``stage.on_response`` runs on this request's response."""
