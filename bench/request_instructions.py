@@ -54,8 +54,8 @@ def counted(source: Path | None, requests: int, work: Path) -> Path:
     wrapper = work / "python-under-callgrind"
     wrapper.write_text(
         "#!/bin/sh\n"
-        f"GLIBC_TUNABLES={_NO_REP_STRINGS} exec valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file={out}.%p "
-        f'{sys.executable} "$@"\n'
+        f"GLIBC_TUNABLES={_NO_REP_STRINGS} exec valgrind --tool=callgrind --instr-atstart=no "
+        f'--callgrind-out-file={out}.%p {sys.executable} "$@"\n'
     )
     wrapper.chmod(0o755)
     proxy, port = request_cost.sidecar(responder.address, source, str(wrapper))
