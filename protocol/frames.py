@@ -223,7 +223,7 @@ class FrameDecoder:
         if scratch is None or self._offered:
             return
         while self._end - self._start >= 4:
-            (size,) = SIZE.unpack_from(scratch, self._start)
+            size: int = SIZE.unpack_from(scratch, self._start)[0]
             if size < 0:
                 raise FrameError(f"negative frame size {size}")
             if size > self.max_frame_bytes:
@@ -266,7 +266,7 @@ class FrameDecoder:
         self._offered = False
         scratch = self._scratch
         assert scratch is not None
-        (size,) = SIZE.unpack_from(scratch, self._start)
+        size: int = SIZE.unpack_from(scratch, self._start)[0]
         begin = self._start + 4
         self._begin_big(scratch, begin, self._end - begin, size)
 
@@ -276,7 +276,7 @@ class FrameDecoder:
         assert self._offered and self._scratch is not None
         self._offered = False
         begin = self._start + 4
-        (size,) = SIZE.unpack_from(self._scratch, self._start)
+        size: int = SIZE.unpack_from(self._scratch, self._start)[0]
         head = bytes(self._scratch[begin : self._end])
         self._stream_left = size - len(head)
         self._start = self._end = 0
@@ -365,7 +365,9 @@ def parse_request_header(payload: Buffer) -> RequestHeader:
     """Read the request header; unknown api keys and truncation raise FrameError."""
     if len(payload) < 10:
         raise FrameError(f"request of {len(payload)} bytes is too short for a header")
-    api_key, api_version, correlation_id, n = _REQ_HEAD.unpack_from(payload, 0)
+    # Typed: compiled, what a Struct returns is an object, and every use of it a generic call.
+    fixed: tuple[int, int, int, int] = _REQ_HEAD.unpack_from(payload, 0)
+    api_key, api_version, correlation_id, n = fixed
     if not is_known_key(api_key):
         raise FrameError(f"unknown api key {api_key}")
     if api_version < 0:

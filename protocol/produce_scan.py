@@ -110,7 +110,8 @@ def read_produce_acks(version: int, body: Buffer, start: int = 0) -> int:
             pos += length
     if pos + 2 > len(body):
         raise SchemaError("Produce request truncated before acks")
-    return int(_I16.unpack_from(body, pos)[0])
+    acks: int = _I16.unpack_from(body, pos)[0]
+    return acks
 
 
 def _uvarint(body: Buffer, pos: int) -> tuple[int, int]:
@@ -137,6 +138,8 @@ def _summary(topic: str | bytes, index: int, body: Buffer, start: int, end: int)
     part = PartitionBytes(topic, index, end - start)
     pos = start
     count = 0
+    length: int
+    pid: int
     while pos + _LOG_OVERHEAD <= end:
         (length,) = _BATCH_LEN.unpack_from(body, pos + 8)
         size = _LOG_OVERHEAD + length
@@ -146,7 +149,8 @@ def _summary(topic: str | bytes, index: int, body: Buffer, start: int, end: int)
             (pid,) = _PID.unpack_from(body, pos + 43)
             if pid >= 0:
                 part.producer_ids.add(pid)
-            count += _COUNT.unpack_from(body, pos + 57)[0]
+            batch_records: int = _COUNT.unpack_from(body, pos + 57)[0]
+            count += batch_records
         else:
             count += 1
         pos += size

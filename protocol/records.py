@@ -66,6 +66,8 @@ def iter_batches(records: Buffer) -> Iterator[BatchInfo]:
     """Yield one BatchInfo per complete batch; a trailing partial batch (fetch responses) is skipped."""
     pos = 0
     end = len(records)
+    length: int
+    attrs: int
     while pos + LOG_OVERHEAD <= end:
         (length,) = _LEN.unpack_from(records, pos + 8)
         size = LOG_OVERHEAD + length
@@ -74,7 +76,8 @@ def iter_batches(records: Buffer) -> Iterator[BatchInfo]:
         magic = records[pos + 16] if pos + 17 <= end else -1
         if magic >= 2 and size >= BATCH_HEADER_SIZE:
             (attrs,) = _ATTRIBUTES.unpack_from(records, pos + 21)
-            pid, epoch, seq, count = _PID_EPOCH_SEQ_COUNT.unpack_from(records, pos + 43)
+            fields: tuple[int, int, int, int] = _PID_EPOCH_SEQ_COUNT.unpack_from(records, pos + 43)
+            pid, epoch, seq, count = fields
             yield BatchInfo(
                 size, magic, count, pid, epoch, seq, bool(attrs & _TRANSACTIONAL), bool(attrs & _CONTROL)
             )
@@ -89,6 +92,7 @@ def complete_size(records: Buffer) -> int:
     throws away and fetches again."""
     pos = 0
     end = len(records)
+    length: int
     while pos + LOG_OVERHEAD <= end:
         (length,) = _LEN.unpack_from(records, pos + 8)
         if length < 0 or pos + LOG_OVERHEAD + length > end:
