@@ -39,7 +39,8 @@ from proxy.pipeline.host import Host, Listener
 from proxy.pipeline.stages import InFlight, Request, Response
 from proxy.pipeline.tasks import connect_upstream
 from proxy.traffic_metrics import ApiTraffic
-from quota.exemptions import parse_address
+from quota.client_id_policy import ClientIdPolicy
+from quota.exemptions import Exemptions, parse_address
 from quota.keys import ANONYMOUS
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,13 @@ class Pipeline(ConnectionFlow):
         self.opened_at = self.loop.time()
         self.client_id = ""  # of its latest request
         self._source_exempt: tuple[object, bool] | None = None  # (exemptions, listener/address exempt)
+        # The exemptions and client id policy in force, as of the enforcer's generation read.
+        self._enforcer = server.enforcer
+        self._rules_generation = -1
+        self._exemptions: Exemptions | None = None
+        self._any_exempt = False
+        self._policy: ClientIdPolicy | None = None
+        self._policy_rewrites = False
         self._quota_id: tuple[object, str, str, str] | None = None  # (policy, sent, user, quota id)
         self.requests_in = self.bytes_in = self.bytes_out = 0
         self.stages = server.stages.for_connection(self)
@@ -168,13 +176,27 @@ class Pipeline(ConnectionFlow):
     def listener_name(self) -> str:
         return self.listener.name
 
+    def _read_rules(self) -> None:
+        """The exemptions and client id policy in force, read from the enforcer again only when
+        its generation has moved (a reload): one attribute read a request, not six."""
+        enforcer = self._enforcer
+        generation: int = enforcer.generation
+        if generation != self._rules_generation:
+            self._exemptions = enforcer.exemptions
+            self._any_exempt = self._exemptions.any
+            self._policy = enforcer.client_id_policy
+            self._policy_rewrites = self._policy.rewrites
+            self._rules_generation = generation
+
     def exempt(self, client_id: str) -> bool:
         """No quota holds this request back (``quotas.exempt``): its user, client id, listener or
         source address is listed. Asked per request: the user changes at a SASL login and the
         exemptions at a reload (the listener and address part is kept until one)."""
-        exemptions = self.server.enforcer.exemptions
-        if not exemptions.any:
+        self._read_rules()
+        if not self._any_exempt:
             return False
+        exemptions = self._exemptions
+        assert exemptions is not None
         known = self._source_exempt
         if known is None or known[0] is not exemptions:
             known = self._source_exempt = (exemptions, exemptions.source(self.listener.name, self.address))
@@ -185,9 +207,10 @@ class Pipeline(ConnectionFlow):
         (``quotas.client_id_policy``): decided once, when the request is read. A connection's
         id seldom changes, so its last answer is kept (until a reload, or a login)."""
         sent = req.header.client_id or ""
-        req.exempt = self.exempt(sent)
-        policy = self.server.enforcer.client_id_policy
-        if policy.rewrites:
+        req.exempt = self.exempt(sent)  # reads the rules in force
+        if self._policy_rewrites:
+            policy = self._policy
+            assert policy is not None
             last = self._quota_id
             if last is not None and last[0] is policy and last[1] == sent and last[2] == self.user:
                 sent = last[3]
