@@ -151,6 +151,12 @@ class Responder:
             threading.Thread(target=self._serve, args=(relay_floor.nodelay(conn),), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        try:
+            self._answer(conn)
+        except (ConnectionResetError, BrokenPipeError):
+            pass  # a proxy stopping resets its upstream mid-answer; a client missing one says so
+
+    def _answer(self, conn: socket.socket) -> None:
         buffer = bytearray()
         answer = bytearray(self.response)
         while data := conn.recv(1 << 16):
