@@ -37,6 +37,7 @@ Usage: source dev/setup.sh && python bench/request_cost.py [--workload fetch] [-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import socket
@@ -151,10 +152,9 @@ class Responder:
             threading.Thread(target=self._serve, args=(relay_floor.nodelay(conn),), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        try:
+        # A proxy stopping resets its upstream mid-answer; a client missing an answer says so.
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
             self._answer(conn)
-        except (ConnectionResetError, BrokenPipeError):
-            pass  # a proxy stopping resets its upstream mid-answer; a client missing one says so
 
     def _answer(self, conn: socket.socket) -> None:
         buffer = bytearray()
