@@ -46,13 +46,8 @@ _spare_scratch: Final[list[tuple[bytearray, memoryview]]] = []  # each with its 
 def _take_scratch(size: int) -> tuple[bytearray, memoryview]:
     """A scratch buffer of ``size`` bytes (its contents stale) and a view of all of it: a spare
     one when there is one."""
-    try:
-        spare = _spare_scratch.pop()
-    except IndexError:
-        scratch = bytearray(size)
-        return scratch, memoryview(scratch)
-    if len(spare[0]) == size:
-        return spare
+    if _spare_scratch and len(_spare_scratch[-1][0]) == size:
+        return _spare_scratch.pop()
     scratch = bytearray(size)
     return scratch, memoryview(scratch)
 

@@ -59,6 +59,14 @@ ONE_WRITE_BYTES: Final = 16 * 1024
 STREAM_FROM_BYTES: Final = 64 * 1024  # frames from this size go out as they arrive, when they may
 
 
+def write_frame(transport: asyncio.Transport, payload: bytes | bytearray) -> None:
+    """``payload`` and its size prefix, one ``bytes`` object up to ONE_WRITE_BYTES."""
+    if len(payload) <= ONE_WRITE_BYTES:
+        transport.write(SIZE.pack(len(payload)) + payload)
+    else:
+        transport.writelines((SIZE.pack(len(payload)), payload))
+
+
 class Pipeline(ConnectionFlow):
     """State of one client connection and its upstream connection."""
 
@@ -369,10 +377,7 @@ class Pipeline(ConnectionFlow):
     def _write_client(self, payload: bytes | bytearray) -> None:
         batch = self._client_batch
         if batch is None:
-            if len(payload) <= ONE_WRITE_BYTES:
-                self.client.write(SIZE.pack(len(payload)) + payload)
-            else:
-                self.client.writelines((SIZE.pack(len(payload)), payload))
+            write_frame(self.client, payload)
         else:
             batch.append(SIZE.pack(len(payload)))
             batch.append(payload)
@@ -461,12 +466,8 @@ class Pipeline(ConnectionFlow):
     def forward(self, frame: bytes | bytearray) -> None:
         batch = self._upstream_batch
         if batch is None:
-            upstream = self.upstream
-            assert upstream is not None
-            if len(frame) <= ONE_WRITE_BYTES:
-                upstream.write(SIZE.pack(len(frame)) + frame)
-            else:
-                upstream.writelines((SIZE.pack(len(frame)), frame))
+            assert self.upstream is not None
+            write_frame(self.upstream, frame)
         else:
             batch.append(SIZE.pack(len(frame)))
             batch.append(frame)
