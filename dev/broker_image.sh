@@ -31,7 +31,7 @@ cp "$libs"/*.jar "$context/libs/"
 cp "$repo"/dev/broker_image/*.sh "$context/bin/"
 cp "$repo/dev/broker_image/log4j2.properties" "$context/"
 say "building $tag"
-podman build --isolation chroot --pull=never --format docker --build-arg "BASE=$base" \
-  -f "$repo/dev/broker_image/Containerfile" -t "$tag" "$context" >&2
+bash "$repo/dev/engine_build.sh" podman build --isolation chroot --pull=never --format docker \
+  --build-arg "BASE=$base" -f "$repo/dev/broker_image/Containerfile" -t "$tag" "$context"
 size=$(podman image inspect --format '{{.Size}}' "$tag")
 echo "image: $tag $((size / 1000000))"

@@ -127,7 +127,7 @@ if [ -n "$extras" ]; then
   build+=(--build-arg "KTHROTTLE_EXTRAS=$extras")
 fi
 say "building $tag with $engine"
-"${build[@]}" "${build_args[@]}" "$repo" >&2
+bash "$repo/dev/engine_build.sh" "${build[@]}" "${build_args[@]}" "$repo"
 size=$("$engine" image inspect --format '{{.Size}}' "$tag")
 say "built $tag: $((size / 1000000)) MB; run it with: $engine run ${run_args[*]} --read-only ... $tag"
 echo "image: $tag $((size / 1000000))"
