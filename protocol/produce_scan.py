@@ -100,18 +100,26 @@ def read_produce_acks(version: int, body: Buffer, start: int = 0) -> int:
     before it."""
     pos = start
     if version >= 3:
+        if pos + 2 > len(body):  # the shortest transactional_id and acks
+            raise SchemaError("Produce request truncated before acks")
         if version >= _FIRST_FLEXIBLE:
             length, pos = _uvarint(body, pos)
             length -= 1  # compact: 0 is null
         else:
-            length = _I16.unpack_from(body, pos)[0]
+            length = _int16_at(body, pos)
             pos += 2
         if length > 0:
             pos += length
     if pos + 2 > len(body):
         raise SchemaError("Produce request truncated before acks")
-    acks: int = _I16.unpack_from(body, pos)[0]
-    return acks
+    return _int16_at(body, pos)
+
+
+def _int16_at(body: Buffer, pos: int) -> int:
+    """A big-endian int16 from two byte reads: compiled, a third of a ``Struct.unpack_from`` call
+    (its arguments, a buffer export and a tuple). The caller checks the bounds."""
+    value: int = body[pos] << 8 | body[pos + 1]
+    return value - 0x10000 if value >= 0x8000 else value
 
 
 def _uvarint(body: Buffer, pos: int) -> tuple[int, int]:

@@ -24,6 +24,7 @@ from protocol.frames import (
     FrameError,
     FrameHead,
     FrameTooLarge,
+    LastClientId,
     Piece,
     RequestHeader,
     encode_response_header,
@@ -102,6 +103,7 @@ class Pipeline(ConnectionFlow):
         self.in_flight: deque[InFlight] = deque()
         self._unread = 0  # bytes the client sent before the upstream connection was asked for
         self._early = bytearray()  # bytes handed over (``feed``) while the upstream connects
+        self._last_client_id = LastClientId()  # read again without a decode while it repeats
         # Frames decoded from one read go out in one write (one syscall, not one per frame):
         # collected here while a read's frames are handled, written once at its end.
         self._upstream_batch: list[bytes | bytearray] | None = None
@@ -384,7 +386,7 @@ class Pipeline(ConnectionFlow):
 
     def _request(self, frame: bytearray) -> None:
         try:
-            header = parse_request_header(frame)
+            header = parse_request_header(frame, self._last_client_id)
         except FrameError as exc:
             self.reject(str(exc), "bad-header")
             return

@@ -192,3 +192,22 @@ def test_connections_taking_turns_share_spare_scratch_buffers_and_keep_their_fra
     last[:4] = struct.pack(">i", 0)
     assert first.written(4) == [bytearray()]
     assert FrameDecoder().get_buffer().obj is scratch
+
+
+def test_the_spare_scratch_pool_is_bounded_and_never_hands_out_one_buffer_twice() -> None:
+    """Buffers given back beyond the pool's limit are dropped; each one taken is a distinct
+    buffer, and the pool keeps no reference to a buffer it has handed out."""
+    from protocol import frames
+
+    size = 4096  # no decoder uses it: the pool's other buffers are not taken here
+    given = [bytearray(size) for _ in range(frames.SPARE_SCRATCH_LIMIT + 3)]
+    held = frames._spare_scratch.count
+    for buffer in given:
+        frames._give_scratch(buffer, memoryview(buffer))
+    assert frames._spare_scratch.count == frames.SPARE_SCRATCH_LIMIT
+    taken = [frames._take_scratch(size) for _ in range(frames.SPARE_SCRATCH_LIMIT - held)]
+    assert len({id(buffer) for buffer, _ in taken}) == len(taken)
+    assert all(view.obj is buffer and len(buffer) == size for buffer, view in taken)
+    assert not any(any(spare is buffer for spare in frames._spare_scratch.buffers) for buffer, _ in taken)
+    fresh, _ = frames._take_scratch(size)  # the pool is back to what it held: a new buffer
+    assert all(fresh is not buffer for buffer in given)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import pytest
@@ -9,10 +10,10 @@ import pytest
 from protocol import messages
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
-from protocol.frames import FrameDecoder, FrameTooLarge, parse_request_header
+from protocol.frames import FrameDecoder, FrameError, FrameTooLarge, LastClientId, parse_request_header
 from protocol.produce_scan import read_produce_acks
 from protocol.records import iter_batches, producer_ids
-from protocol.schema import UNKNOWN_TAGS
+from protocol.schema import UNKNOWN_TAGS, SchemaError
 from protocol.versions import codec_versions
 
 PROXY = ("proxy.example", 7000)
@@ -256,3 +257,39 @@ def test_produce_acks_read_without_decoding(acks: int, transactional_id: str | N
         expected = messages.produce_acks(messages.decode_request(ApiKey.PRODUCE, version, wire))
         assert read_produce_acks(version, wire) == expected == acks, f"v{version}"
         assert read_produce_acks(version, b"header" + wire, len(b"header")) == acks  # a whole frame
+
+
+@pytest.mark.parametrize("version", [3, 8, 9, 13])
+def test_produce_acks_of_a_truncated_body_are_a_schema_error(version: int) -> None:
+    """A body that ends before its acks is malformed input (the connection is closed as such),
+    never an IndexError out of the byte reads."""
+    bodies = [b"", b"\x00", b"\x00\x00"]
+    if version < 9:
+        bodies.append(b"\x00\x05tx")  # a transactional_id of 5 bytes, 2 there
+    for body in bodies:
+        with pytest.raises(SchemaError):
+            read_produce_acks(version, body)
+        with pytest.raises(SchemaError):
+            read_produce_acks(version, bytearray(b"head" + body), 4)
+
+
+def test_a_repeated_client_id_is_read_again_without_a_decode_and_a_changed_one_is_decoded() -> None:
+    """The connection's last client id stands in while the bytes are the same; an id of the
+    same length but other bytes, or one that is not UTF-8, is read as if nothing was kept."""
+
+    def request(client_id: bytes, correlation_id: int = 7) -> bytearray:
+        head = struct.pack(">hhih", 0, 9, correlation_id, len(client_id))
+        return bytearray(head + client_id + b"\x00" + b"body")
+
+    last = LastClientId()
+    first = parse_request_header(request(b"app-1"), last)
+    assert first.client_id == "app-1" and (last.raw, last.text) == (b"app-1", "app-1")
+    again = parse_request_header(request(b"app-1", 8), last)
+    assert again.client_id is first.client_id and again.correlation_id == 8
+    assert again.size == first.size and request(b"app-1")[again.size :] == b"body"
+    other = parse_request_header(request(b"app-2"), last)
+    assert other.client_id == "app-2" and last.raw == b"app-2"
+    with pytest.raises(FrameError, match="UTF-8"):
+        parse_request_header(request(b"app-\xff"), last)
+    assert parse_request_header(bytes(request(b"app-2")), last).client_id == "app-2"  # not a bytearray
+    assert parse_request_header(memoryview(request(b"app-2")), last).client_id == "app-2"
