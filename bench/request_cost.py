@@ -170,26 +170,33 @@ class Responder:
                 conn.sendall(answer)
 
 
-def drive(address: tuple[str, int], frames: tuple[bytes, bytes], requests: int, rate: float) -> None:
+def drive(
+    address: tuple[str, int], frames: tuple[bytes, bytes], requests: int, rate: float, in_flight: int = 1
+) -> None:
     """``requests`` round trips of ``frames`` (request, response) at ``rate`` a second (or as fast
-    as they go), one in flight, correlation ids counted."""
+    as they go), correlation ids counted. ``in_flight`` requests go out in one write and their
+    answers are read before the next ones: a pipelining client's shape (several frames in one
+    read of the proxy's)."""
     sock = relay_floor.nodelay(socket.create_connection(address))
-    frame = bytearray(frames[0])
+    step = len(frames[0])
+    burst = bytearray(frames[0] * in_flight)
     size = len(frames[1])
-    into = memoryview(bytearray(size))
+    into = memoryview(bytearray(size * in_flight))
     start = time.perf_counter()
-    for n in range(requests):
-        frame[8:12] = struct.pack(">i", n)
-        sock.sendall(frame)
+    for n in range(0, requests, in_flight):
+        count = min(in_flight, requests - n)
+        for i in range(count):
+            burst[i * step + 8 : i * step + 12] = struct.pack(">i", n + i)
+        sock.sendall(memoryview(burst)[: count * step])
         got = 0
-        while got < size:
+        while got < size * count:
             received = sock.recv_into(into[got:])
             if not received:
-                raise ConnectionError(f"connection closed after {n} responses")
+                raise ConnectionError(f"connection closed after {n + got // size} responses")
             got += received
         if not rate:
             continue
-        pause = start + (n + 1) / rate - time.perf_counter()
+        pause = start + (n + count) / rate - time.perf_counter()
         if pause > 0:
             time.sleep(pause)
     sock.close()

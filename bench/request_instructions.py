@@ -18,7 +18,12 @@ a small request, is the relays' too and is not counted). Needs valgrind (Debian'
   top_inclusive                        this checkout's compiled functions by inclusive count a
                                        request (what a change there could give back at most)
 
-Usage: source dev/setup.sh && python bench/request_instructions.py [--requests 2000] [--baseline ../old]
+With ``--in-flight 5`` the client sends five requests in one write and reads their five answers
+before the next five, as a pipelining client (max.in.flight.requests.per.connection=5) does under
+load: the proxy then splits several frames out of one read and writes them out together.
+
+Usage: source dev/setup.sh && python bench/request_instructions.py [--requests 2000] [--in-flight 5]
+       [--baseline ../old]
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ _NO_REP_STRINGS = "glibc.cpu.x86_rep_movsb_threshold=1073741824:glibc.cpu.x86_re
 _COUNT = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+(\S.*)$")
 
 
-def counted(source: Path | None, requests: int, work: Path) -> Path:
+def counted(source: Path | None, requests: int, work: Path, in_flight: int = 1) -> Path:
     """Run a sidecar from ``source`` under callgrind through ``requests`` round trips; its profile."""
     frames = request_cost.produce_frames()
     responder = request_cost.Responder(frames[1])
@@ -63,9 +68,9 @@ def counted(source: Path | None, requests: int, work: Path) -> Path:
     try:
         assert proxy.proc is not None
         pid = str(proxy.proc.pid)
-        request_cost.drive(("127.0.0.1", port), frames, WARMUP_REQUESTS, 0)
+        request_cost.drive(("127.0.0.1", port), frames, WARMUP_REQUESTS, 0, in_flight)
         subprocess.run(["callgrind_control", "--instr=on", pid], check=True, capture_output=True)
-        request_cost.drive(("127.0.0.1", port), frames, requests, 0)
+        request_cost.drive(("127.0.0.1", port), frames, requests, 0, in_flight)
         subprocess.run(["callgrind_control", "--instr=off", pid], check=True, capture_output=True)
         subprocess.run(["callgrind_control", "--dump", pid], check=True, capture_output=True)
     finally:
@@ -110,6 +115,9 @@ def main() -> None:
     )
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--baseline", type=Path, help="another checkout's source tree (built)")
+    parser.add_argument(
+        "--in-flight", type=int, default=1, help="requests sent in one write, answered before the next"
+    )
     args = parser.parse_args()
     missing = [
         tool for tool in ("valgrind", "callgrind_control", "callgrind_annotate") if not shutil.which(tool)
@@ -118,18 +126,19 @@ def main() -> None:
         raise SystemExit(f"request_instructions: {', '.join(missing)} not found (Debian's valgrind package)")
     with tempfile.TemporaryDirectory(prefix="kthrottle-callgrind-") as scratch:
         work = Path(scratch)
-        ours = counted(None, args.requests, work)
+        ours = counted(None, args.requests, work, args.in_flight)
         per_request = round(total(ours) / args.requests)
         figures: dict[str, object] = {"kthrottle_instructions_per_request": per_request}
         print(f"kthrottle: {per_request:,} instructions a request", flush=True)
         if args.baseline:
-            theirs = counted(args.baseline.resolve(), args.requests, work)
+            theirs = counted(args.baseline.resolve(), args.requests, work, args.in_flight)
             base = round(total(theirs) / args.requests)
             figures["baseline_instructions_per_request"] = base
             figures["kthrottle_to_baseline_instructions"] = round(per_request / base, 3)
             print(f"baseline: {base:,} instructions a request", flush=True)
         figures["top_inclusive"] = compiled_functions(ours, args.requests)
     figures["requests"] = args.requests
+    figures["in_flight"] = args.in_flight
     figures["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     print(json.dumps(figures))
 

@@ -68,6 +68,23 @@ def write_frame(transport: asyncio.Transport, payload: bytes | bytearray) -> Non
         transport.writelines((SIZE.pack(len(payload)), payload))
 
 
+def collect_frame(
+    transport: asyncio.Transport, batch: list[bytes | bytearray], payload: bytes | bytearray
+) -> None:
+    """``payload`` joins the frames a read's frames put out together, as ``write_frame`` would
+    write it: one up to ONE_WRITE_BYTES is copied into the batch's one write (a read holds a
+    scratch buffer's worth of them at most); a larger one goes out at once, after the batch so
+    far, with no copy."""
+    if len(payload) <= ONE_WRITE_BYTES:
+        batch.append(SIZE.pack(len(payload)))
+        batch.append(payload)
+        return
+    if batch:
+        transport.write(b"".join(batch))
+        batch.clear()
+    write_frame(transport, payload)
+
+
 class Pipeline(ConnectionFlow):
     """State of one client connection and its upstream connection."""
 
@@ -368,21 +385,20 @@ class Pipeline(ConnectionFlow):
         written directly, and at the end of the read)."""
         batch, self._upstream_batch = self._upstream_batch, None
         if batch and self.upstream is not None:
-            self.upstream.writelines(batch)
+            self.upstream.write(b"".join(batch))  # one bytes object: uvloop's plain write
 
     def _flush_client_batch(self) -> None:
         """Write the frames collected for the client and stop collecting."""
         batch, self._client_batch = self._client_batch, None
         if batch:
-            self.client.writelines(batch)
+            self.client.write(b"".join(batch))
 
     def _write_client(self, payload: bytes | bytearray) -> None:
         batch = self._client_batch
         if batch is None:
             write_frame(self.client, payload)
         else:
-            batch.append(SIZE.pack(len(payload)))
-            batch.append(payload)
+            collect_frame(self.client, batch, payload)
 
     def _request(self, frame: bytearray) -> None:
         try:
@@ -467,12 +483,11 @@ class Pipeline(ConnectionFlow):
 
     def forward(self, frame: bytes | bytearray) -> None:
         batch = self._upstream_batch
+        assert self.upstream is not None
         if batch is None:
-            assert self.upstream is not None
             write_frame(self.upstream, frame)
         else:
-            batch.append(SIZE.pack(len(frame)))
-            batch.append(frame)
+            collect_frame(self.upstream, batch, frame)
 
     @staticmethod
     def encoded_answer(header: RequestHeader, body: dict[str, Any]) -> bytes:

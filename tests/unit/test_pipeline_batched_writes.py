@@ -100,3 +100,24 @@ def test_answers_the_proxy_makes_itself_to_pipelined_requests_go_out_in_one_writ
         # Each in order, UNSUPPORTED_VERSION (35), none sent upstream.
         assert [struct.unpack_from(">ih", a, 0) for a in answers] == [(c, 35) for c in range(1, 11)]
         assert (upstream.writes, to_client.writes) == (0, 1)
+
+
+def test_a_large_frame_among_pipelined_ones_keeps_its_place_and_its_bytes() -> None:
+    """Frames over ONE_WRITE_BYTES are not copied into a read's batch: the batch so far goes out
+    before one, and the frames after it follow it, each way."""
+    from proxy.pipeline.connection import ONE_WRITE_BYTES
+
+    def heartbeat(correlation_id: int, filler: int) -> bytes:
+        tail = bytes(range(256)) * (filler // 256 + 1)
+        payload = struct.pack(">hhih", 12, 0, correlation_id, 4) + b"beat" + tail[:filler]
+        return struct.pack(">i", len(payload)) + payload
+
+    sizes = {c: (ONE_WRITE_BYTES + 4096 if c in (4, 8) else 0) for c in range(1, 11)}
+    with _connected_and_counting() as (client, upstream, to_client):
+        client.sendall(b"".join(heartbeat(c, n) for c, n in sizes.items()))
+        want = b"".join(
+            struct.pack(">ii", 4 + len(h) - 4, c) + h[4:]
+            for c, h in ((c, heartbeat(c, n)) for c, n in sizes.items())
+        )
+        assert recv_exactly(client, len(want)) == want  # every answer whole, in order
+        assert upstream.writes >= 3 and to_client.writes >= 3  # the two large ones alone
