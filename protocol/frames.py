@@ -47,7 +47,7 @@ SPARE_SCRATCH_LIMIT: Final = 16
 class _ScratchPool:
     """The spare scratch buffers, each with its whole view, as a stack in two fixed lists: a list
     popped to empty and appended to again frees and reallocates its item array every time, a
-    malloc and a free per read."""
+    realloc and a free per read."""
 
     def __init__(self, limit: int) -> None:
         self.buffers: list[bytearray] = [_NO_BUFFER] * limit
@@ -385,7 +385,7 @@ class RequestHeader:
 
 class LastClientId:
     """The client id a connection sent last, its bytes and its text: nearly every request repeats
-    it, and comparing the bytes in place costs a fifth of slicing and decoding them again."""
+    it, and comparing the bytes in place costs half of slicing and decoding them again."""
 
     __slots__ = ("raw", "text")
 

@@ -71,10 +71,9 @@ def write_frame(transport: asyncio.Transport, payload: bytes | bytearray) -> Non
 def collect_frame(
     transport: asyncio.Transport, batch: list[bytes | bytearray], payload: bytes | bytearray
 ) -> None:
-    """``payload`` joins the frames a read's frames put out together, as ``write_frame`` would
-    write it: one up to ONE_WRITE_BYTES is copied into the batch's one write (a read holds a
-    scratch buffer's worth of them at most); a larger one goes out at once, after the batch so
-    far, with no copy."""
+    """Add ``payload`` and its size prefix to the frames a read puts out in one write: a frame up
+    to ONE_WRITE_BYTES is copied into that write (a read holds a scratch buffer's worth of them
+    at most); a larger one goes out at once, after the batch so far, not copied."""
     if len(payload) <= ONE_WRITE_BYTES:
         batch.append(SIZE.pack(len(payload)))
         batch.append(payload)
