@@ -179,23 +179,31 @@ def tail_of(
 
 
 def _tail_at(api_key: int, version: int, buf: bytes) -> int:
-    # Native 64-bit positions (i64): compiled, plain C arithmetic, no tagged-int checks.
+    # Native 64-bit positions and counters (i64): compiled, plain C arithmetic, no tagged-int
+    # checks; `while` loops, as a `for` over a `range` of an i64 builds a range object and boxes
+    # each step (fifteen of them a small Produce answer).
     fetch = api_key == FETCH_KEY
     pos = _skip_tags_at(buf, 4)  # correlation id, response header
     if fetch:
         pos += 10  # throttle_time_ms, error_code, session_id
     topics, pos = _varint_at(buf, pos)
-    for _ in range(topics - 1):
+    topic: i64 = 1
+    while topic < topics:
+        topic += 1
         if version >= 13:
             pos += 16
         else:
             n, pos = _varint_at(buf, pos)
             pos += n - 1
         partitions, pos = _varint_at(buf, pos)
-        for _ in range(partitions - 1):
+        partition: i64 = 1
+        while partition < partitions:
+            partition += 1
             pos += 30
             items, pos = _varint_at(buf, pos)  # aborted transactions, or record errors
-            for _ in range(items - 1):
+            item: i64 = 1
+            while item < items:
+                item += 1
                 if fetch:
                     pos += 16
                 else:
@@ -239,7 +247,8 @@ def _varint_at(buf: bytes, pos: i64) -> tuple[i64, i64]:
 def _skip_tags_at(buf: bytes, pos: i64) -> i64:
     """``schema.skip_tagged_fields`` over bytes."""
     count, pos = _varint_at(buf, pos)
-    for _ in range(count):
+    while count > 0:
+        count -= 1
         _tag, pos = _varint_at(buf, pos)
         size, pos = _varint_at(buf, pos)
         pos += size
@@ -267,7 +276,8 @@ def _endpoints_in(buf: bytes, pos: i64) -> tuple[int, int] | None:
     there."""
     origin = pos
     count, pos = _varint_at(buf, pos)
-    for _ in range(count):
+    while count > 0:
+        count -= 1
         start = pos
         tag, pos = _varint_at(buf, pos)
         size, pos = _varint_at(buf, pos)
