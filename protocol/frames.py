@@ -18,6 +18,11 @@ from protocol.versions import header_flexible, request_header_version, response_
 SIZE: Final = struct.Struct(">i")
 _REQ_FIXED: Final = struct.Struct(">hhi")
 _REQ_HEAD: Final = struct.Struct(">hhih")  # and the client id's length
+# Bound once: compiled, ``SIZE.unpack_from(...)`` looks the method up on its Struct at every call
+# (a type lookup and a method object made); a bound method is called straight.
+pack_size: Final = SIZE.pack
+unpack_size_from: Final = SIZE.unpack_from
+_unpack_request_head: Final = _REQ_HEAD.unpack_from
 _NO_TAGS: Final = b"\x00"  # an empty tagged-field section
 _I16: Final = struct.Struct(">h")
 DEFAULT_MAX_FRAME_BYTES: Final = 100 * 1024 * 1024  # the broker's socket.request.max.bytes
@@ -245,7 +250,7 @@ class FrameDecoder:
         if scratch is None or self._offered:
             return
         while self._end - self._start >= 4:
-            size: int = SIZE.unpack_from(scratch, self._start)[0]
+            size: int = unpack_size_from(scratch, self._start)[0]
             if size < 0:
                 raise FrameError(f"negative frame size {size}")
             if size > self.max_frame_bytes:
@@ -400,7 +405,7 @@ def parse_request_header(payload: Buffer, last: LastClientId | None = None) -> R
     if len(payload) < 10:
         raise FrameError(f"request of {len(payload)} bytes is too short for a header")
     # Typed: compiled, what a Struct returns is an object, and every use of it a generic call.
-    fixed: tuple[int, int, int, int] = _REQ_HEAD.unpack_from(payload, 0)
+    fixed: tuple[int, int, int, int] = _unpack_request_head(payload, 0)
     api_key, api_version, correlation_id, n = fixed
     if not is_known_key(api_key):
         raise FrameError(f"unknown api key {api_key}")

@@ -28,7 +28,9 @@ from protocol.frames import (
     Piece,
     RequestHeader,
     encode_response_header,
+    pack_size,
     parse_request_header,
+    unpack_size_from,
 )
 from protocol.sasl import SaslTracker
 from protocol.schema import SchemaError
@@ -63,7 +65,7 @@ STREAM_FROM_BYTES: Final = 64 * 1024  # frames from this size go out as they arr
 def write_frame(transport: asyncio.Transport, payload: bytes | bytearray) -> None:
     """``payload`` and its size prefix, one ``bytes`` object up to ONE_WRITE_BYTES."""
     if len(payload) <= ONE_WRITE_BYTES:
-        transport.write(SIZE.pack(len(payload)) + payload)
+        transport.write(pack_size(len(payload)) + payload)
     else:
         transport.writelines((SIZE.pack(len(payload)), payload))
 
@@ -75,7 +77,7 @@ def collect_frame(
     to ONE_WRITE_BYTES is copied into that write (a read holds a scratch buffer's worth of them
     at most); a larger one goes out at once, after the batch so far, not copied."""
     if len(payload) <= ONE_WRITE_BYTES:
-        batch.append(SIZE.pack(len(payload)))
+        batch.append(pack_size(len(payload)))
         batch.append(payload)
         return
     if batch:
@@ -564,7 +566,7 @@ class Pipeline(ConnectionFlow):
             self.close("upstream sent a response nobody asked for")
             return
         entry = self.in_flight.popleft()
-        correlation_id: int = SIZE.unpack_from(frame, 0)[0]  # an int32, as the size prefix is
+        correlation_id: int = unpack_size_from(frame, 0)[0]  # an int32, as the size prefix is
         if correlation_id != entry.correlation_id:
             self.metrics.upstream_errors.labels("correlation").inc()
             self.close(f"response correlation id {correlation_id} != expected {entry.correlation_id}")
