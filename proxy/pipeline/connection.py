@@ -19,7 +19,6 @@ from typing import Any, Final
 from protocol import messages
 from protocol.api_keys import api_name
 from protocol.frames import (
-    SIZE,
     FrameDecoder,
     FrameError,
     FrameHead,
@@ -67,7 +66,14 @@ def write_frame(transport: asyncio.Transport, payload: bytes | bytearray) -> Non
     if len(payload) <= ONE_WRITE_BYTES:
         transport.write(pack_size(len(payload)) + payload)
     else:
-        transport.writelines((SIZE.pack(len(payload)), payload))
+        transport.writelines((pack_size(len(payload)), payload))
+
+
+def write_batch(transport: asyncio.Transport, batch: list[bytes | bytearray]) -> None:
+    """The frames a read collected (sizes and payloads, each up to ONE_WRITE_BYTES), joined into
+    one ``bytes`` object: uvloop's plain write, where ``writelines`` of ``bytearray``s costs a
+    view and a buffer export a frame."""
+    transport.write(b"".join(batch))
 
 
 def collect_frame(
@@ -81,7 +87,7 @@ def collect_frame(
         batch.append(payload)
         return
     if batch:
-        transport.write(b"".join(batch))
+        write_batch(transport, batch)
         batch.clear()
     write_frame(transport, payload)
 
@@ -386,13 +392,13 @@ class Pipeline(ConnectionFlow):
         written directly, and at the end of the read)."""
         batch, self._upstream_batch = self._upstream_batch, None
         if batch and self.upstream is not None:
-            self.upstream.write(b"".join(batch))  # one bytes object: uvloop's plain write
+            write_batch(self.upstream, batch)
 
     def _flush_client_batch(self) -> None:
         """Write the frames collected for the client and stop collecting."""
         batch, self._client_batch = self._client_batch, None
         if batch:
-            self.client.write(b"".join(batch))
+            write_batch(self.client, batch)
 
     def _write_client(self, payload: bytes | bytearray) -> None:
         batch = self._client_batch
