@@ -30,8 +30,13 @@ requests for six partitions, each answered by a real Fetch v17 response of 1 MiB
 passthrough.py's bulk_fetch without the Java consumer and broker beside it. Its figures are named
 ``fetch_<contender>_s_per_gb`` (CPU seconds per GB of responses) and ``fetch_kthrottle_to_<...>``.
 
-Usage: source dev/setup.sh && python bench/request_cost.py [--workload fetch] [--rounds 5] [--baseline ../old]
-       [--baseline-python OTHER_VENV/bin/python]
+With ``--tls`` the proxy's client listener and its broker link are TLS (the responder and the
+client threads speak TLS too), and only kthrottle and the baseline run (the relays are plaintext):
+a change to the TLS path measured by the proxy's own CPU, with no Java beside it to move the
+figure. Its figures are prefixed ``tls_``.
+
+Usage: source dev/setup.sh && python bench/request_cost.py [--workload fetch] [--tls] [--rounds 5]
+       [--baseline ../old] [--baseline-python OTHER_VENV/bin/python]
 """
 
 from __future__ import annotations
@@ -41,9 +46,11 @@ import contextlib
 import functools
 import json
 import socket
+import ssl
 import statistics
 import struct
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -55,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import relay_floor
 
+from dev.certs import CertificateAuthority
 from dev.harness import free_port
 from dev.loadgen import record_batch
 from dev.proxy_process import REPO, ProxyProcess
@@ -133,12 +141,40 @@ def fetch_frames() -> tuple[bytes, bytes]:
     return struct.pack(">i", len(req)) + req, struct.pack(">i", len(resp)) + resp
 
 
+class Tls:
+    """Certificates for --tls: the responder's (the broker's) and the proxy's listener's, both
+    for 127.0.0.1, and the client contexts that trust them."""
+
+    def __init__(self) -> None:
+        ca = CertificateAuthority(Path(tempfile.mkdtemp(prefix="kthrottle-request-cost-")))
+        self.ca = ca.cert_path
+        self.broker = ca.issue("broker", "broker", ips=("127.0.0.1",))
+        self.proxy = ca.issue("proxy", "proxy", ips=("127.0.0.1",))
+
+    def server(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.broker.cert, self.broker.key)
+        return context
+
+    def client(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.load_verify_locations(self.ca)
+        return context
+
+    def proxy_config(self) -> dict[str, object]:
+        return {
+            "tls": {"enabled": True, "certfile": str(self.proxy.cert), "keyfile": str(self.proxy.key)},
+            "upstream_tls": {"enabled": True, "cafile": str(self.ca)},
+        }
+
+
 class Responder:
     """The broker's part: answers every request frame on every connection with ``response``, its
-    correlation id copied."""
+    correlation id copied (over TLS when given a server context)."""
 
-    def __init__(self, response: bytes) -> None:
+    def __init__(self, response: bytes, tls: ssl.SSLContext | None = None) -> None:
         self.response = response
+        self.tls = tls
         self.socket = relay_floor.listener()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -153,7 +189,9 @@ class Responder:
 
     def _serve(self, conn: socket.socket) -> None:
         # A proxy stopping resets its upstream mid-answer; a client missing an answer says so.
-        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError, ssl.SSLError):
+            if self.tls is not None:
+                conn = self.tls.wrap_socket(conn, server_side=True)
             self._answer(conn)
 
     def _answer(self, conn: socket.socket) -> None:
@@ -171,13 +209,20 @@ class Responder:
 
 
 def drive(
-    address: tuple[str, int], frames: tuple[bytes, bytes], requests: int, rate: float, in_flight: int = 1
+    address: tuple[str, int],
+    frames: tuple[bytes, bytes],
+    requests: int,
+    rate: float,
+    in_flight: int = 1,
+    tls: ssl.SSLContext | None = None,
 ) -> None:
     """``requests`` round trips of ``frames`` (request, response) at ``rate`` a second (or as fast
     as they go), correlation ids counted. ``in_flight`` requests go out in one write and their
     answers are read before the next ones: a pipelining client's shape (several frames in one
-    read of the proxy's)."""
+    read of the proxy's). Over TLS when given a client context."""
     sock = relay_floor.nodelay(socket.create_connection(address))
+    if tls is not None:
+        sock = tls.wrap_socket(sock, server_hostname=address[0])
     step = len(frames[0])
     burst = bytearray(frames[0] * in_flight)
     size = len(frames[1])
@@ -214,17 +259,22 @@ def relay_cost(
 
 
 def proxy_cost(
-    proxy: ProxyProcess, port: int, frames: tuple[bytes, bytes], requests: int, rate: float
+    proxy: ProxyProcess,
+    port: int,
+    frames: tuple[bytes, bytes],
+    requests: int,
+    rate: float,
+    tls: ssl.SSLContext | None = None,
 ) -> float:
     assert proxy.proc is not None
     pid = proxy.proc.pid
     before = sum(relay_floor.cpu_times(pid))
-    drive(("127.0.0.1", port), frames, requests, rate)
+    drive(("127.0.0.1", port), frames, requests, rate, tls=tls)
     return sum(relay_floor.cpu_times(pid)) - before
 
 
 def sidecar(
-    upstream: tuple[str, int], source: Path | None, python: str = sys.executable
+    upstream: tuple[str, int], source: Path | None, python: str = sys.executable, tls: Tls | None = None
 ) -> tuple[ProxyProcess, int]:
     port = free_port()
     config = {
@@ -232,6 +282,7 @@ def sidecar(
         "sidecar": {"listen_port": port, "upstream": f"{upstream[0]}:{upstream[1]}"},
         "admin": {"host": "127.0.0.1", "port": free_port()},
         "log_level": "WARNING",
+        **(tls.proxy_config() if tls is not None else {}),
     }
     proxy = ProxyProcess(config, source=source or REPO, python=python)
     return proxy, port
@@ -242,6 +293,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--workload", choices=("produce", "fetch"), default="produce")
+    parser.add_argument("--tls", action="store_true", help="TLS both sides of the proxy; no relays")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, help="per contender per round (produce 5,900, fetch 300)")
     parser.add_argument("--rate", type=float, help="requests per second; 0: as fast as they go (fetch's)")
@@ -257,20 +309,26 @@ def main() -> None:
     requests = args.requests or (300 if fetch else RATE * 10)
     rate = args.rate if args.rate is not None else (0 if fetch else RATE)
     print(f"request {len(frames[0])} bytes, response {len(frames[1])} bytes, {requests} per run", flush=True)
-    responder = Responder(frames[1])
-    proxies = {"kthrottle": sidecar(responder.address, None)}
+    tls = Tls() if args.tls else None
+    client_tls = tls.client() if tls is not None else None
+    responder = Responder(frames[1], tls.server() if tls is not None else None)
+    proxies = {"kthrottle": sidecar(responder.address, None, tls=tls)}
     if args.baseline or args.baseline_python:
         source = args.baseline.resolve() if args.baseline else None
-        proxies["baseline"] = sidecar(responder.address, source, args.baseline_python or sys.executable)
+        python = args.baseline_python or sys.executable
+        proxies["baseline"] = sidecar(responder.address, source, python, tls=tls)
+    if tls is not None and "baseline" not in proxies:
+        parser.error("--tls measures kthrottle against a --baseline (the relays speak no TLS)")
     for proxy, port in proxies.values():
         proxy.start()
-        drive(("127.0.0.1", port), frames, 30 if fetch else 300, 0)  # its first connection's one-time work
+        # its first connection's one-time work
+        drive(("127.0.0.1", port), frames, 30 if fetch else 300, 0, tls=client_tls)
     relay = functools.partial(relay_cost, responder=responder, frames=frames, requests=requests, rate=rate)
-    others: dict[str, Callable[[], float]] = {
-        "selector": functools.partial(relay, relay_floor.selector_relay),
-        "uvloop": functools.partial(relay, relay_floor.uvloop_relay),
-    }
-    cost = functools.partial(proxy_cost, frames=frames, requests=requests, rate=rate)
+    others: dict[str, Callable[[], float]] = {}
+    if tls is None:
+        others["selector"] = functools.partial(relay, relay_floor.selector_relay)
+        others["uvloop"] = functools.partial(relay, relay_floor.uvloop_relay)
+    cost = functools.partial(proxy_cost, frames=frames, requests=requests, rate=rate, tls=client_tls)
     ours = functools.partial(cost, *proxies["kthrottle"])
     if "baseline" in proxies:
         others["baseline"] = functools.partial(cost, *proxies["baseline"])
@@ -293,10 +351,11 @@ def main() -> None:
         for proxy, _ in proxies.values():
             proxy.stop()
     med = statistics.median
-    prefix = "fetch_" if fetch else ""
+    prefix = ("tls_" if tls is not None else "") + ("fetch_" if fetch else "")
     figures = {f"{prefix}{name}_{unit}": round(med(v), 3 if fetch else 1) for name, v in costs.items()}
-    figures[f"{prefix}kthrottle_to_selector_relay"] = round(med(ratios["selector"]), 2)
-    figures[f"{prefix}kthrottle_to_uvloop_relay"] = round(med(ratios["uvloop"]), 2)
+    for relay_name in ("selector", "uvloop"):
+        if relay_name in ratios:
+            figures[f"{prefix}kthrottle_to_{relay_name}_relay"] = round(med(ratios[relay_name]), 2)
     if "baseline" in ratios:
         figures[f"{prefix}kthrottle_to_baseline"] = round(med(ratios["baseline"]), 3)
     print(json.dumps(figures))
