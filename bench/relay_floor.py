@@ -30,6 +30,7 @@ import os
 import resource
 import selectors
 import socket
+import ssl
 import statistics
 import threading
 import time
@@ -124,10 +125,16 @@ def selector_relay(upstream: socket.socket, downstream: socket.socket) -> None:
             key.data.sendall(view[:received])
 
 
-def uvloop_relay(upstream: socket.socket, downstream: socket.socket) -> None:
+def uvloop_relay(
+    upstream: socket.socket,
+    downstream: socket.socket,
+    tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None,
+) -> None:
     """The selector relay's work on uvloop's transports and buffered protocols, as kthrottle
     reads and writes: each read into a buffer of the protocol's, copied out and written to the
-    other side. What the event loop costs before any of kthrottle's own code runs."""
+    other side. What the event loop costs before any of kthrottle's own code runs. With ``tls``
+    (a server context for the upstream side, a client one for the downstream, both for
+    127.0.0.1), uvloop's TLS on both sides, as kthrottle's TLS listener and broker link."""
     import asyncio
 
     import uvloop
@@ -159,8 +166,14 @@ def uvloop_relay(upstream: socket.socket, downstream: socket.socket) -> None:
         done: asyncio.Future[None] = loop.create_future()
         front, back = Side(done), Side(done)
         front.peer, back.peer = back, front
-        await loop.connect_accepted_socket(lambda: back, downstream)
-        await loop.connect_accepted_socket(lambda: front, upstream)
+        if tls is None:
+            await loop.connect_accepted_socket(lambda: back, downstream)
+            await loop.connect_accepted_socket(lambda: front, upstream)
+        else:
+            await loop.create_connection(
+                lambda: back, sock=downstream, ssl=tls[1], server_hostname="127.0.0.1"
+            )
+            await loop.connect_accepted_socket(lambda: front, upstream, ssl=tls[0])
         await done
 
     uvloop.run(relay())

@@ -31,9 +31,10 @@ passthrough.py's bulk_fetch without the Java consumer and broker beside it. Its 
 ``fetch_<contender>_s_per_gb`` (CPU seconds per GB of responses) and ``fetch_kthrottle_to_<...>``.
 
 With ``--tls`` the proxy's client listener and its broker link are TLS (the responder and the
-client threads speak TLS too), and only kthrottle and the baseline run (the relays are plaintext):
-a change to the TLS path measured by the proxy's own CPU, with no Java beside it to move the
-figure. Its figures are prefixed ``tls_``.
+client threads speak TLS too), and the uvloop relay runs with uvloop's TLS on both sides (the
+selector relay does not run): what TLS on this event loop costs before any of kthrottle's code,
+and, with ``--baseline``, a change to the TLS path measured by the proxy's own CPU, with no Java
+beside it to move the figure. Its figures are prefixed ``tls_``.
 
 Usage: source dev/setup.sh && python bench/request_cost.py [--workload fetch] [--tls] [--rounds 5]
        [--baseline ../old] [--baseline-python OTHER_VENV/bin/python]
@@ -156,6 +157,12 @@ class Tls:
         context.load_cert_chain(self.broker.cert, self.broker.key)
         return context
 
+    def listener(self) -> ssl.SSLContext:
+        """The proxy's side toward its clients, for the TLS relay."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.proxy.cert, self.proxy.key)
+        return context
+
     def client(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.load_verify_locations(self.ca)
@@ -253,8 +260,9 @@ def relay_cost(
     frames: tuple[bytes, bytes],
     requests: int,
     rate: float,
+    tls: ssl.SSLContext | None = None,
 ) -> float:
-    run = functools.partial(drive, frames=frames, requests=requests, rate=rate)
+    run = functools.partial(drive, frames=frames, requests=requests, rate=rate, tls=tls)
     return relay_floor.relay_cpu(relay, run, responder.socket)
 
 
@@ -317,17 +325,20 @@ def main() -> None:
         source = args.baseline.resolve() if args.baseline else None
         python = args.baseline_python or sys.executable
         proxies["baseline"] = sidecar(responder.address, source, python, tls=tls)
-    if tls is not None and "baseline" not in proxies:
-        parser.error("--tls measures kthrottle against a --baseline (the relays speak no TLS)")
     for proxy, port in proxies.values():
         proxy.start()
         # its first connection's one-time work
         drive(("127.0.0.1", port), frames, 30 if fetch else 300, 0, tls=client_tls)
-    relay = functools.partial(relay_cost, responder=responder, frames=frames, requests=requests, rate=rate)
+    relay = functools.partial(
+        relay_cost, responder=responder, frames=frames, requests=requests, rate=rate, tls=client_tls
+    )
     others: dict[str, Callable[[], float]] = {}
     if tls is None:
         others["selector"] = functools.partial(relay, relay_floor.selector_relay)
         others["uvloop"] = functools.partial(relay, relay_floor.uvloop_relay)
+    else:
+        tls_relay = functools.partial(relay_floor.uvloop_relay, tls=(tls.listener(), tls.client()))
+        others["uvloop"] = functools.partial(relay, tls_relay)
     cost = functools.partial(proxy_cost, frames=frames, requests=requests, rate=rate, tls=client_tls)
     ours = functools.partial(cost, *proxies["kthrottle"])
     if "baseline" in proxies:
