@@ -301,7 +301,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--workload", choices=("produce", "fetch"), default="produce")
-    parser.add_argument("--tls", action="store_true", help="TLS both sides of the proxy; no relays")
+    parser.add_argument("--tls", action="store_true", help="TLS both sides (proxy, uvloop relay)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, help="per contender per round (produce 5,900, fetch 300)")
     parser.add_argument("--rate", type=float, help="requests per second; 0: as fast as they go (fetch's)")
