@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import relay_floor
 
-from dev.certs import CertificateAuthority
+from dev.certs import CertFiles, CertificateAuthority
 from dev.harness import free_port
 from dev.loadgen import record_batch
 from dev.proxy_process import REPO, ProxyProcess
@@ -152,16 +152,19 @@ class Tls:
         self.broker = ca.issue("broker", "broker", ips=("127.0.0.1",))
         self.proxy = ca.issue("proxy", "proxy", ips=("127.0.0.1",))
 
-    def server(self) -> ssl.SSLContext:
+    @staticmethod
+    def _serving(files: CertFiles) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(self.broker.cert, self.broker.key)
+        context.load_cert_chain(files.cert, files.key)
         return context
+
+    def server(self) -> ssl.SSLContext:
+        """The responder's side, as a broker's."""
+        return self._serving(self.broker)
 
     def listener(self) -> ssl.SSLContext:
         """The proxy's side toward its clients, for the TLS relay."""
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(self.proxy.cert, self.proxy.key)
-        return context
+        return self._serving(self.proxy)
 
     def client(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
