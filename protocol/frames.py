@@ -23,7 +23,10 @@ _REQ_HEAD: Final = struct.Struct(">hhih")  # and the client id's length
 pack_size: Final = SIZE.pack
 unpack_size_from: Final = SIZE.unpack_from
 _unpack_request_head: Final = _REQ_HEAD.unpack_from
+_unpack_head_and_empty_id: Final = struct.Struct(">hhih0s").unpack_from
 _NO_TAGS: Final = b"\x00"  # an empty tagged-field section
+PREFIXES_CACHED_UP_TO: Final = 16 * 1024
+_prefixes: Final[list[bytes | None]] = [None] * (PREFIXES_CACHED_UP_TO + 1)
 _I16: Final = struct.Struct(">h")
 DEFAULT_MAX_FRAME_BYTES: Final = 100 * 1024 * 1024  # the broker's socket.request.max.bytes
 
@@ -355,6 +358,18 @@ def frame(payload: Buffer) -> bytes:
     return SIZE.pack(len(payload)) + bytes(payload)
 
 
+def size_prefix(size: int) -> bytes:
+    """A frame's 4-byte size prefix. Those of frames up to PREFIXES_CACHED_UP_TO bytes are made
+    once each and kept: a call into ``struct`` and a new object for every small frame cost more
+    than reading a list (the list is 128 KiB; each size met adds a 37-byte object to it)."""
+    if 0 <= size <= PREFIXES_CACHED_UP_TO:
+        found = _prefixes[size]
+        if found is None:
+            found = _prefixes[size] = pack_size(size)
+        return found
+    return pack_size(size)
+
+
 class RequestHeader:
     """A request's header. A plain class, not a dataclass: compiled, a dataclass's generated
     ``__init__`` stays interpreted, and one is built per request."""
@@ -390,47 +405,54 @@ class RequestHeader:
 
 class LastClientId:
     """The client id a connection sent last, its bytes and its text: nearly every request repeats
-    it, and comparing the bytes in place costs half of slicing and decoding them again."""
+    it. ``unpack_head`` reads a header's fixed fields and, at once, as many bytes after them as
+    that id has: when the length and the bytes match, the text is reused, with no slice, decode
+    or second call into ``struct``."""
 
-    __slots__ = ("raw", "text")
+    __slots__ = ("raw", "text", "unpack_head")
 
     def __init__(self) -> None:
         self.raw = b""
         self.text = ""
+        self.unpack_head = _unpack_head_and_empty_id
+
+    def remember(self, raw: bytes, text: str) -> None:
+        self.raw, self.text = raw, text
+        self.unpack_head = struct.Struct(f">hhih{len(raw)}s").unpack_from
 
 
 def parse_request_header(payload: Buffer, last: LastClientId | None = None) -> RequestHeader:
     """Read the request header; unknown api keys and truncation raise FrameError. ``last``: the
     connection's last client id, read again without a decode when the bytes are the same."""
-    if len(payload) < 10:
-        raise FrameError(f"request of {len(payload)} bytes is too short for a header")
-    # Typed: compiled, what a Struct returns is an object, and every use of it a generic call.
-    fixed: tuple[int, int, int, int] = _unpack_request_head(payload, 0)
-    api_key, api_version, correlation_id, n = fixed
+    size = len(payload)
+    if size < 10:
+        raise FrameError(f"request of {size} bytes is too short for a header")
+    client_id: str | None = None
+    if last is not None and size >= 10 + len(last.raw):
+        # Typed: compiled, what a Struct returns is an object, and every use of it a generic call.
+        with_id: tuple[int, int, int, int, bytes] = last.unpack_head(payload, 0)
+        api_key, api_version, correlation_id, n, raw_id = with_id
+        if n == len(raw_id) and raw_id == last.raw:
+            client_id = last.text
+    else:
+        fixed: tuple[int, int, int, int] = _unpack_request_head(payload, 0)
+        api_key, api_version, correlation_id, n = fixed
     if not is_known_key(api_key):
         raise FrameError(f"unknown api key {api_key}")
     if api_version < 0:
         raise FrameError(f"negative api version {api_version}")
     pos = 10
-    client_id: str | None = None
     if n >= 0:
-        if pos + n > len(payload):
+        if pos + n > size:
             raise FrameError("truncated client id")
-        if (
-            last is not None
-            and len(last.raw) == n
-            and isinstance(payload, bytearray)
-            and payload.startswith(last.raw, pos)
-        ):
-            client_id = last.text
-        else:
+        if client_id is None:
             raw = bytes(payload[pos : pos + n])
             try:
                 client_id = str(raw, "utf-8")
             except UnicodeDecodeError as exc:
                 raise FrameError("client id is not UTF-8") from exc
             if last is not None:
-                last.raw, last.text = raw, client_id
+                last.remember(raw, client_id)
         pos += n
     elif n != -1:
         raise FrameError(f"invalid client id length {n}")

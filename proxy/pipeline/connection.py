@@ -27,8 +27,8 @@ from protocol.frames import (
     Piece,
     RequestHeader,
     encode_response_header,
-    pack_size,
     parse_request_header,
+    size_prefix,
     unpack_size_from,
 )
 from protocol.sasl import SaslTracker
@@ -64,9 +64,9 @@ STREAM_FROM_BYTES: Final = 64 * 1024  # frames from this size go out as they arr
 def write_frame(transport: asyncio.Transport, payload: bytes | bytearray) -> None:
     """``payload`` and its size prefix, one ``bytes`` object up to ONE_WRITE_BYTES."""
     if len(payload) <= ONE_WRITE_BYTES:
-        transport.write(pack_size(len(payload)) + payload)
+        transport.write(size_prefix(len(payload)) + payload)
     else:
-        transport.writelines((pack_size(len(payload)), payload))
+        transport.writelines((size_prefix(len(payload)), payload))
 
 
 def write_batch(transport: asyncio.Transport, batch: list[bytes | bytearray]) -> None:
@@ -83,7 +83,7 @@ def collect_frame(
     to ONE_WRITE_BYTES is copied into that write (a read holds a scratch buffer's worth of them
     at most); a larger one goes out at once, after the batch so far, not copied."""
     if len(payload) <= ONE_WRITE_BYTES:
-        batch.append(pack_size(len(payload)))
+        batch.append(size_prefix(len(payload)))
         batch.append(payload)
         return
     if batch:
@@ -138,10 +138,17 @@ class Pipeline(ConnectionFlow):
         self.sasl = SaslTracker(naming=server.sasl_naming())
         self.last_response_at = 0.0
         self.loop = asyncio.get_running_loop()
+        # Bound once, for the calls every request makes: compiled, ``self.loop.time()`` and
+        # ``self.in_flight.append(...)`` look the method up on the object's type at each call.
+        self._now = self.loop.time
+        self._queue = self.in_flight.append
+        self._dequeue = self.in_flight.popleft
         self.metrics = server.metrics
-        self._api_traffic: dict[int, ApiTraffic] = {}  # per api key, resolved once per connection
+        # Per api key, resolved once per connection: a list as long as the largest key seen (a
+        # dict's lookup boxes and hashes the key, twice a request).
+        self._api_traffic: list[ApiTraffic | None] = []
         # This connection's own traffic, for GET /connections and `kthrottle top`.
-        self.opened_at = self.loop.time()
+        self.opened_at = self._now()
         self.client_id = ""  # of its latest request
         self._source_exempt: tuple[object, bool] | None = None  # (exemptions, listener/address exempt)
         # The exemptions and client id policy in force, as of the enforcer's generation read.
@@ -439,7 +446,7 @@ class Pipeline(ConnectionFlow):
                 # Read nothing more until the response goes out and its mute ends, as the broker
                 # (which reads one request at a time per connection) would.
                 self.hold_until_answered(entry)
-            self.in_flight.append(entry)
+            self._queue(entry)
             return
         # acks=0: no response to wait for
         if req.throttle_ms:
@@ -450,9 +457,15 @@ class Pipeline(ConnectionFlow):
                 watcher.on_done(entry, -1.0)
 
     def traffic(self, api_key: int) -> ApiTraffic:
-        found = self._api_traffic.get(api_key)
-        if found is None:
-            found = self._api_traffic[api_key] = self.metrics.traffic.api(api_key)
+        table = self._api_traffic
+        if 0 <= api_key < len(table):
+            found = table[api_key]
+            if found is not None:
+                return found
+        found = self.metrics.traffic.api(api_key)
+        if api_key >= 0:  # a header's api key is known before its traffic is counted
+            table.extend([None] * (api_key + 1 - len(table)))
+            table[api_key] = found
         return found
 
     def entry_for(self, req: Request, counted: bool = True) -> InFlight:
@@ -466,7 +479,7 @@ class Pipeline(ConnectionFlow):
             header.api_key,
             header.api_version,
             header.correlation_id,
-            self.loop.time(),
+            self._now(),
             None,
             req.client_id,
         )
@@ -571,13 +584,13 @@ class Pipeline(ConnectionFlow):
             self.metrics.upstream_errors.labels("unexpected-response").inc()
             self.close("upstream sent a response nobody asked for")
             return
-        entry = self.in_flight.popleft()
+        entry = self._dequeue()
         correlation_id: int = unpack_size_from(frame, 0)[0]  # an int32, as the size prefix is
         if correlation_id != entry.correlation_id:
             self.metrics.upstream_errors.labels("correlation").inc()
             self.close(f"response correlation id {correlation_id} != expected {entry.correlation_id}")
             return
-        now = self.loop.time()
+        now = self._now()
         # The broker works on one request of a connection at a time: a pipelined request's time
         # starts when the one before it was answered.
         entry.busy = now - max(entry.sent_at, self.last_response_at)

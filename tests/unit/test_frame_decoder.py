@@ -7,7 +7,14 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.frames import STREAM_CHUNK_BYTES, FrameDecoder, FrameHead, Piece
+from protocol.frames import (
+    PREFIXES_CACHED_UP_TO,
+    STREAM_CHUNK_BYTES,
+    FrameDecoder,
+    FrameHead,
+    Piece,
+    size_prefix,
+)
 
 sizes = st.one_of(st.integers(0, 300), st.integers(1000, 5000))
 
@@ -211,3 +218,12 @@ def test_the_spare_scratch_pool_is_bounded_and_never_hands_out_one_buffer_twice(
     assert not any(any(spare is buffer for spare in frames._spare_scratch.buffers) for buffer, _ in taken)
     fresh, _ = frames._take_scratch(size)  # the pool is back to what it held: a new buffer
     assert all(fresh is not buffer for buffer in given)
+
+
+def test_a_size_prefix_is_the_big_endian_int32_whether_kept_or_made() -> None:
+    """Prefixes up to PREFIXES_CACHED_UP_TO are kept once made; the same bytes come back, and
+    sizes past it (or a negative one, never kept) are packed as they come."""
+    for size in (0, 1, 9_216, PREFIXES_CACHED_UP_TO, PREFIXES_CACHED_UP_TO + 1, 100 << 20, -1):
+        assert size_prefix(size) == struct.pack(">i", size)
+        assert size_prefix(size) == struct.pack(">i", size)  # from the list, where it is kept
+    assert size_prefix(9_216) is size_prefix(9_216)

@@ -293,3 +293,25 @@ def test_a_repeated_client_id_is_read_again_without_a_decode_and_a_changed_one_i
         parse_request_header(request(b"app-\xff"), last)
     assert parse_request_header(bytes(request(b"app-2")), last).client_id == "app-2"  # not a bytearray
     assert parse_request_header(memoryview(request(b"app-2")), last).client_id == "app-2"
+
+
+def test_the_kept_client_id_gives_way_to_a_null_an_empty_a_longer_or_a_truncated_one() -> None:
+    """The kept id's bytes are read with the header's fixed fields: a request shorter than the
+    kept id, a null (-1) or empty id, or a length that matches the kept one only by chance of
+    the bytes after it, are each read as if nothing was kept."""
+
+    def request(length: int, rest: bytes) -> bytearray:
+        return bytearray(struct.pack(">hhih", 0, 3, 11, length) + rest)
+
+    last = LastClientId()
+    assert parse_request_header(request(0, b""), last).client_id == ""  # nothing kept yet: ""
+    assert parse_request_header(request(-1, b"xyz"), last).client_id is None
+    assert parse_request_header(request(12, b"a-long-id-12"), last).client_id == "a-long-id-12"
+    assert parse_request_header(request(-1, b""), last).client_id is None  # shorter than it
+    assert last.raw == b"a-long-id-12"
+    assert parse_request_header(request(2, b"ab" + b"-long-id-12"), last).client_id == "ab"
+    assert parse_request_header(request(0, b"a-long-id-12"), last).client_id == ""
+    with pytest.raises(FrameError, match="truncated client id"):
+        parse_request_header(request(12, b"a-long"), last)
+    with pytest.raises(FrameError, match="invalid client id length"):
+        parse_request_header(request(-2, b"a-long-id-12"), last)

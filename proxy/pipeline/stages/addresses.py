@@ -25,6 +25,14 @@ _REWRITE_ALWAYS: Final = frozenset(
     {ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER}
 )
 _KEYS: Final = _REWRITE_ALWAYS | frozenset(NODE_ENDPOINTS_FROM)
+# Per api key, read as a list (a set's or a dict's lookup boxes and hashes the key, a request):
+# the first version whose response this stage reads (_NEVER: none), and whether that response
+# may carry NodeEndpoints.
+_NEVER: Final = 1 << 15
+_ANSWER_FROM: Final[list[int]] = [
+    0 if key in _REWRITE_ALWAYS else NODE_ENDPOINTS_FROM.get(key, _NEVER) for key in range(max(_KEYS) + 1)
+]
+_HAS_NODE_ENDPOINTS: Final[list[bool]] = [key in NODE_ENDPOINTS_FROM for key in range(max(_KEYS) + 1)]
 
 
 class AddressStage(Stage):
@@ -45,8 +53,8 @@ class AddressStage(Stage):
         return False
 
     def on_request(self, req: Request) -> bool:
-        key = req.header.api_key
-        if key in _REWRITE_ALWAYS or req.header.api_version >= NODE_ENDPOINTS_FROM[key]:
+        header = req.header  # its key is one of _KEYS: the stage is asked for no other
+        if header.api_version >= _ANSWER_FROM[header.api_key]:
             req.want_response(self)
         return False
 
@@ -58,7 +66,7 @@ class AddressStage(Stage):
         # Most Produce and Fetch responses carry no addresses: look at their last field (found
         # without decoding them) before decoding them to rewrite it.
         if (
-            key in NODE_ENDPOINTS_FROM
+            _HAS_NODE_ENDPOINTS[key]
             and not resp.decoded
             and not has_node_endpoints(key, entry.api_version, resp.frame)
         ):

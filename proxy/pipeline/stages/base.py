@@ -179,11 +179,15 @@ class Request:
 
     @property
     def expects_response(self) -> bool:
-        return self.header.api_key != PRODUCE_KEY or self.acks != 0
+        if self.header.api_key != PRODUCE_KEY:
+            return True
+        acks = self.acks  # narrowed, compiled, the comparison is of two ints, not two objects
+        return acks is None or acks != 0
 
     def want_response(self, stage: Stage) -> None:
         """``stage.on_response`` runs on this request's response."""
-        self.stages += (stage,)
+        # Most requests have one such stage: a new 1-tuple, not one joined to the empty one.
+        self.stages = (*self.stages, stage) if self.stages else (stage,)
 
     def watch(self, stage: Stage) -> None:
         """``stage.on_done`` runs once the exchange is over (answer sent, or none to wait for)."""
