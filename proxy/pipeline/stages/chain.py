@@ -30,24 +30,32 @@ class StageChain:
     requests: resolved once, and again only when the quotas are reconfigured (a request nobody
     asked for maps to an empty tuple, and is forwarded undecoded)."""
 
-    __slots__ = ("_enforcer", "_generation", "_table", "stages")
+    __slots__ = ("_enforcer", "_generation", "_last_slot", "_last_stages", "_table", "stages")
 
     def __init__(self, stages: list[Stage], enforcer: QuotaEnforcer) -> None:
         self.stages = stages
         self._enforcer = enforcer
         self._generation = enforcer.generation
         self._table: dict[int, tuple[Stage, ...]] = {}
+        # The last key and version asked for, and its stages: a connection mostly sends one kind
+        # of request after another, and an int compare costs less than a dict's boxed lookup.
+        self._last_slot = -1
+        self._last_stages: tuple[Stage, ...] = ()
 
     def for_request(self, api_key: int, api_version: int) -> tuple[Stage, ...]:
         if self._generation != self._enforcer.generation:
             self._table.clear()
+            self._last_slot = -1
             self._generation = self._enforcer.generation
         slot = api_key << 16 | api_version
+        if slot == self._last_slot:
+            return self._last_stages
         found = self._table.get(slot)
         if found is None:
             if len(self._table) >= _MAX_RESOLVED:  # a client trying every version: start over
                 self._table.clear()
             found = self._table[slot] = self._resolve(api_key, api_version)
+        self._last_slot, self._last_stages = slot, found
         return found
 
     def _resolve(self, api_key: int, api_version: int) -> tuple[Stage, ...]:
