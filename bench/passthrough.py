@@ -14,6 +14,12 @@ line of medians over the rounds:
                                 small_saturating  1 KiB records as fast as they go, linger.ms=0
   small_request_cpu_to_floor  small_5k CPU per GB over the bare relay's on the same shape of
                               requests (bench/relay_floor.py, run in the same rounds)
+  small_request_cpu_to_relay_same_traffic
+                              small_5k CPU per GB over the same bare relay's (relay_floor's
+                              selector relay, a process of its own) carrying the same small_5k
+                              from the same Java producer to the same broker in the same rounds
+                              (the broker advertises the relay's port on a listener of its own):
+                              the floor under the same load, records per request and caches
   bulk_fetch_cpu_to_floor     bulk_fetch CPU per GB over the bare relay copying bytes in and out
                               of user space (bench/relay_floor.py's bulk copy, same rounds)
   added_median_latency_ms,    proxy - direct median and p99 of Produce round trips (one 1 KiB
@@ -21,6 +27,8 @@ line of medians over the rounds:
                               5,000 msg/s after a 2 s warm-up, timed to the microsecond
                               (ProducerPerformance only reports whole milliseconds and includes
                               its own JVM warm-up)
+  relay_added_median_latency_ms
+                              the same for the bare relay: what one more hop in Python adds
 
 Usage: source dev/setup.sh && python bench/passthrough.py [--rounds 3] [--records 2000000]
 """
@@ -179,23 +187,29 @@ def main() -> None:
     plan = {name: plan[name] for name in only}
 
     with (
-        KafkaCluster(brokers=1) as cluster,
+        KafkaCluster(brokers=1, relayed_listeners=("FLOOR",)) as cluster,
         ProxyProcess(gateway_config(cluster, log_level="WARNING")) as proxy,
+        relay_floor.RelayServer(
+            cluster.nodes[0].relayed["FLOOR"][1], ("127.0.0.1", cluster.nodes[0].relayed["FLOOR"][0])
+        ) as relay,
     ):
         direct, proxied = cluster.bootstrap_servers, proxy.bootstrap
+        relayed = cluster.nodes[0].relayed_address("FLOOR")
         cluster.create_topic("bench", 6)
         cluster.create_topic("small", 6)
         cluster.create_topic("latency", 1)
         # Warm up the JIT of the broker and the page cache, both ways.
         produce(direct, "bench", 50_000, -1)
         produce(proxied, "bench", 50_000, -1)
+        produce(relayed, "small", 10_000, -1)
         assert proxy.proc is not None
         proxy_pid = proxy.proc.pid
         rates: dict[str, dict[str, list[float]]] = {w: {"direct": [], "proxy": []} for w in plan}
         cpu: dict[str, list[float]] = {w: [] for w in plan}
-        lat50: dict[str, list[float]] = {"direct": [], "proxy": []}
-        lat99: dict[str, list[float]] = {"direct": [], "proxy": []}
+        lat50: dict[str, list[float]] = {"direct": [], "proxy": [], "relay": []}
+        lat99: dict[str, list[float]] = {"direct": [], "proxy": [], "relay": []}
         floor: dict[str, list[float]] = {"small_5k": [], "bulk_fetch": []}
+        relay_cpu: list[float] = []  # small_5k through the bare relay, per GB
         per_request: dict[str, list[float]] = {"small_5k": []}  # records per Produce request
         for rnd in range(args.rounds):
             order = [("direct", direct), ("proxy", proxied)]
@@ -216,6 +230,11 @@ def main() -> None:
                     if pid is not None:
                         note = f", proxy CPU {per_gb:.2f} s/GB ({result['user_share']:.0%} user)"
                     print(f"round {rnd} {workload} {name}: {result['rate']:.0f} rec/s{note}", flush=True)
+                if workload == "small_5k":  # the same traffic through the bare relay
+                    result, per_gb = cpu_per_gb(relay.pid, records, functools.partial(run, relayed))
+                    relay_cpu.append(per_gb)
+                    rate = result["rate"]
+                    print(f"round {rnd} {workload} relay: {rate:.0f} rec/s, relay CPU {per_gb:.2f} s/GB")
             # The bare relay on this machine in the same round: the floor any proxy pays.
             if "small_5k" in plan:
                 floor["small_5k"].append(relay_floor.small_cpu_s_per_gb())
@@ -223,7 +242,7 @@ def main() -> None:
                 floor["bulk_fetch"].append(relay_floor.bulk(relay_floor.copy_relay))
             done = ", ".join(f"{k} {v[-1]:.2f} s/GB" for k, v in floor.items() if v)
             print(f"round {rnd} relay floor: {done}", flush=True)
-            for name, boot in order:
+            for name, boot in [*order, ("relay", relayed)]:
                 r = latency_probe(boot, "latency", args.latency_seconds)
                 lat50[name].append(r["p50_ms"])
                 lat99[name].append(r["p99_ms"])
@@ -247,6 +266,9 @@ def main() -> None:
 
     figures = {
         "small_request_cpu_to_floor": to_floor("small_5k"),
+        "small_request_cpu_to_relay_same_traffic": (
+            round(med(cpu["small_5k"]) / med(relay_cpu), 2) if relay_cpu and cpu.get("small_5k") else None
+        ),
         "bulk_fetch_cpu_to_floor": to_floor("bulk_fetch"),
         "relay_floor_cpu_s_per_gb": {k: round(med(v), 2) for k, v in floor.items() if v},
         "records_per_request": {k: round(med(v), 2) for k, v in per_request.items() if v},
@@ -256,6 +278,8 @@ def main() -> None:
         "proxy_cpu_s_per_gb": {k: round(med(v), 2) for k, v in cpu.items()},
         "added_median_latency_ms": round(med(lat50["proxy"]) - med(lat50["direct"]), 3),
         "added_p99_latency_ms": round(med(lat99["proxy"]) - med(lat99["direct"]), 3),
+        "relay_added_median_latency_ms": round(med(lat50["relay"]) - med(lat50["direct"]), 3),
+        "relay_cpu_s_per_gb_same_traffic": round(med(relay_cpu), 2) if relay_cpu else None,
         "records_per_s": {w: {k: round(med(v)) for k, v in r.items()} for w, r in rates.items()},
         "latency_ms_at_5k_msgs": {
             k: {"p50": round(med(lat50[k]), 3), "p99": round(med(lat99[k]), 3)} for k in lat50

@@ -32,6 +32,8 @@ import selectors
 import socket
 import ssl
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -123,6 +125,76 @@ def selector_relay(upstream: socket.socket, downstream: socket.socket) -> None:
             if not received:
                 return
             key.data.sendall(view[:received])
+
+
+def selector_relay_server(front: socket.socket, target: tuple[str, int]) -> None:
+    """selector_relay's work (each read into one reused buffer, written whole to the other side)
+    for every connection ``front`` accepts, each to a connection of its own to ``target``: the
+    bare relay in front of a broker, for Kafka's own clients (the broker advertises the relay's
+    port: dev.harness's relayed listeners). Runs until killed."""
+    selector = selectors.DefaultSelector()
+    selector.register(front, selectors.EVENT_READ, None)
+    buffer = bytearray(1 << 18)
+    view = memoryview(buffer)
+    while True:
+        for key, _ in selector.select():
+            sock: socket.socket = key.fileobj  # type: ignore[assignment]
+            peer: socket.socket | None = key.data
+            if peer is None:
+                client, _ = front.accept()
+                upstream = nodelay(socket.create_connection(target))
+                selector.register(nodelay(client), selectors.EVENT_READ, upstream)
+                selector.register(upstream, selectors.EVENT_READ, client)
+                continue
+            if sock.fileno() < 0:
+                continue  # closed with its peer earlier in this batch of events
+            try:
+                received = sock.recv_into(buffer)
+                if received:
+                    peer.sendall(view[:received])
+            except OSError:
+                received = 0
+            if not received:
+                for side in (sock, peer):
+                    selector.unregister(side)
+                    side.close()
+
+
+class RelayServer:
+    """``selector_relay_server`` in a process of its own (``python bench/relay_floor.py --serve``),
+    from ``port`` to ``target``; its pid for its CPU."""
+
+    def __init__(self, port: int, target: tuple[str, int]) -> None:
+        self.port, self.target = port, target
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> RelayServer:
+        serve = f"{self.port}:{self.target[0]}:{self.target[1]}"
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", serve], stdout=subprocess.PIPE)
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != b"listening":
+            raise RuntimeError(f"the relay on port {self.port} did not start (exit {self.proc.wait(10)})")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+
+def _serve(spec: str) -> None:
+    port, host, target_port = spec.split(":")
+    front = socket.socket()
+    front.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    front.bind(("127.0.0.1", int(port)))
+    front.listen()
+    print("listening", flush=True)
+    selector_relay_server(front, (host, int(target_port)))
 
 
 def uvloop_relay(
@@ -249,7 +321,13 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--serve", metavar="PORT:HOST:TARGET_PORT", help="only relay PORT to HOST:TARGET_PORT until killed"
+    )
     args = parser.parse_args()
+    if args.serve:
+        _serve(args.serve)
+        return
     copies, splices, smalls, uvloop_smalls = [], [], [], []
     requests = SMALL_RATE * SMALL_SECONDS
     for rnd in range(args.rounds):
