@@ -14,12 +14,13 @@ line of medians over the rounds:
                                 small_saturating  1 KiB records as fast as they go, linger.ms=0
   small_request_cpu_to_floor  small_5k CPU per GB over the bare relay's on the same shape of
                               requests (bench/relay_floor.py, run in the same rounds)
-  small_request_cpu_to_relay_same_traffic
-                              small_5k CPU per GB over the same bare relay's (relay_floor's
-                              selector relay, a process of its own) carrying the same small_5k
-                              from the same Java producer to the same broker in the same rounds
-                              (the broker advertises the relay's port on a listener of its own):
-                              the floor under the same load, records per request and caches
+  small_request_cpu_to_relay_same_traffic,
+  bulk_fetch_cpu_to_relay_same_traffic
+                              small_5k (bulk_fetch) CPU per GB over relay_floor's selector relay's
+                              (a process of its own) carrying the same workload from the same
+                              Java client to the same broker in the same rounds (the broker
+                              advertises the relay's port on a listener of its own): the floor
+                              under the same load, records per request and caches
   bulk_fetch_cpu_to_floor     bulk_fetch CPU per GB over the bare relay copying bytes in and out
                               of user space (bench/relay_floor.py's bulk copy, same rounds)
   added_median_latency_ms,    proxy - direct median and p99 of Produce round trips (one 1 KiB
@@ -209,7 +210,8 @@ def main() -> None:
         lat50: dict[str, list[float]] = {"direct": [], "proxy": [], "relay": []}
         lat99: dict[str, list[float]] = {"direct": [], "proxy": [], "relay": []}
         floor: dict[str, list[float]] = {"small_5k": [], "bulk_fetch": []}
-        relay_cpu: list[float] = []  # small_5k through the bare relay, per GB
+        # small_5k and bulk_fetch through the bare relay in front of the broker, its CPU per GB
+        relay_cpu: dict[str, list[float]] = {w: [] for w in ("small_5k", "bulk_fetch") if w in plan}
         per_request: dict[str, list[float]] = {"small_5k": []}  # records per Produce request
         for rnd in range(args.rounds):
             order = [("direct", direct), ("proxy", proxied)]
@@ -230,9 +232,9 @@ def main() -> None:
                     if pid is not None:
                         note = f", proxy CPU {per_gb:.2f} s/GB ({result['user_share']:.0%} user)"
                     print(f"round {rnd} {workload} {name}: {result['rate']:.0f} rec/s{note}", flush=True)
-                if workload == "small_5k":  # the same traffic through the bare relay
+                if workload in relay_cpu:  # the same traffic through the bare relay
                     result, per_gb = cpu_per_gb(relay.pid, records, functools.partial(run, relayed))
-                    relay_cpu.append(per_gb)
+                    relay_cpu[workload].append(per_gb)
                     rate = result["rate"]
                     print(f"round {rnd} {workload} relay: {rate:.0f} rec/s, relay CPU {per_gb:.2f} s/GB")
             # The bare relay on this machine in the same round: the floor any proxy pays.
@@ -264,12 +266,16 @@ def main() -> None:
             return None
         return round(med(cpu[workload]) / med(floor[workload]), 2)
 
+    def to_relay(workload: str) -> float | None:
+        if not relay_cpu.get(workload) or not cpu.get(workload):
+            return None
+        return round(med(cpu[workload]) / med(relay_cpu[workload]), 2)
+
     figures = {
         "small_request_cpu_to_floor": to_floor("small_5k"),
-        "small_request_cpu_to_relay_same_traffic": (
-            round(med(cpu["small_5k"]) / med(relay_cpu), 2) if relay_cpu and cpu.get("small_5k") else None
-        ),
+        "small_request_cpu_to_relay_same_traffic": to_relay("small_5k"),
         "bulk_fetch_cpu_to_floor": to_floor("bulk_fetch"),
+        "bulk_fetch_cpu_to_relay_same_traffic": to_relay("bulk_fetch"),
         "relay_floor_cpu_s_per_gb": {k: round(med(v), 2) for k, v in floor.items() if v},
         "records_per_request": {k: round(med(v), 2) for k, v in per_request.items() if v},
         "producer_throughput_ratio": ratio("bulk_produce"),
@@ -279,7 +285,7 @@ def main() -> None:
         "added_median_latency_ms": round(med(lat50["proxy"]) - med(lat50["direct"]), 3),
         "added_p99_latency_ms": round(med(lat99["proxy"]) - med(lat99["direct"]), 3),
         "relay_added_median_latency_ms": round(med(lat50["relay"]) - med(lat50["direct"]), 3),
-        "relay_cpu_s_per_gb_same_traffic": round(med(relay_cpu), 2) if relay_cpu else None,
+        "relay_cpu_s_per_gb_same_traffic": {k: round(med(v), 2) for k, v in relay_cpu.items() if v},
         "records_per_s": {w: {k: round(med(v)) for k, v in r.items()} for w, r in rates.items()},
         "latency_ms_at_5k_msgs": {
             k: {"p50": round(med(lat50[k]), 3), "p99": round(med(lat99[k]), 3)} for k in lat50
