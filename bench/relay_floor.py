@@ -24,6 +24,7 @@ Usage: python bench/relay_floor.py [--rounds 3]
 from __future__ import annotations
 
 import argparse
+import asyncio
 import fcntl
 import json
 import os
@@ -161,16 +162,21 @@ def selector_relay_server(front: socket.socket, target: tuple[str, int]) -> None
 
 
 class RelayServer:
-    """``selector_relay_server`` in a process of its own (``python bench/relay_floor.py --serve``),
-    from ``port`` to ``target``; its pid for its CPU."""
+    """A bare relay in a process of its own (``python bench/relay_floor.py --serve``), from
+    ``port`` to ``target``: ``selector_relay_server``, or with ``tls`` (paths: ``certfile``,
+    ``keyfile`` and ``cafile`` of its listener, which asks for client certificates, and
+    ``upstream_certfile``, ``upstream_keyfile`` for its own to ``target``) ``uvloop_relay_server``
+    with uvloop's TLS both sides, as kthrottle's TLS listener and broker link. Its pid for its CPU."""
 
-    def __init__(self, port: int, target: tuple[str, int]) -> None:
-        self.port, self.target = port, target
+    def __init__(self, port: int, target: tuple[str, int], tls: dict[str, str] | None = None) -> None:
+        self.port, self.target, self.tls = port, target, tls
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> RelayServer:
-        serve = f"{self.port}:{self.target[0]}:{self.target[1]}"
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", serve], stdout=subprocess.PIPE)
+        command = [sys.executable, __file__, "--serve", f"{self.port}:{self.target[0]}:{self.target[1]}"]
+        if self.tls is not None:
+            command += ["--tls-files", json.dumps(self.tls)]
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE)
         assert self.proc.stdout is not None
         if self.proc.stdout.readline().strip() != b"listening":
             raise RuntimeError(f"the relay on port {self.port} did not start (exit {self.proc.wait(10)})")
@@ -187,14 +193,59 @@ class RelayServer:
         return self.proc.pid
 
 
-def _serve(spec: str) -> None:
+def _tls_contexts(files: dict[str, str]) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    listener = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    listener.load_cert_chain(files["certfile"], files["keyfile"])
+    listener.load_verify_locations(files["cafile"])
+    listener.verify_mode = ssl.CERT_REQUIRED
+    upstream = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    upstream.load_verify_locations(files["cafile"])
+    upstream.load_cert_chain(files["upstream_certfile"], files["upstream_keyfile"])
+    return listener, upstream
+
+
+def _serve(spec: str, tls_files: str | None) -> None:
     port, host, target_port = spec.split(":")
     front = socket.socket()
     front.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     front.bind(("127.0.0.1", int(port)))
-    front.listen()
+    front.listen(128)
     print("listening", flush=True)
-    selector_relay_server(front, (host, int(target_port)))
+    if tls_files is None:
+        selector_relay_server(front, (host, int(target_port)))
+    else:
+        uvloop_relay_server(front, (host, int(target_port)), _tls_contexts(json.loads(tls_files)))
+
+
+class _RelaySide(asyncio.BufferedProtocol):
+    """One side of a relayed connection on uvloop: each read into the side's buffer, copied out
+    and written whole to the peer's transport; a side lost closes its peer and calls ``lost``."""
+
+    def __init__(self, lost: Callable[[], None] | None = None) -> None:
+        self.buffer = bytearray(1 << 18)
+        self.view = memoryview(self.buffer)
+        self.lost = lost
+        self.made: Callable[[], None] | None = None
+        self.transport: asyncio.Transport | None = None
+        self.peer: _RelaySide | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        if self.made is not None:
+            self.made()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        assert self.peer is not None and self.peer.transport is not None
+        self.peer.transport.write(self.buffer[:nbytes])
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.close()
+        if self.lost is not None:
+            self.lost()
 
 
 def uvloop_relay(
@@ -207,36 +258,17 @@ def uvloop_relay(
     other side. What the event loop costs before any of kthrottle's own code runs. With ``tls``
     (a server context for the upstream side, a client one for the downstream, both for
     127.0.0.1), uvloop's TLS on both sides, as kthrottle's TLS listener and broker link."""
-    import asyncio
-
     import uvloop
-
-    class Side(asyncio.BufferedProtocol):
-        def __init__(self, done: asyncio.Future[None]) -> None:
-            self.buffer = bytearray(1 << 18)
-            self.view = memoryview(self.buffer)
-            self.done = done
-            self.transport: asyncio.Transport | None = None
-            self.peer: Side | None = None
-
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            self.transport = transport  # type: ignore[assignment]
-
-        def get_buffer(self, sizehint: int) -> memoryview:
-            return self.view
-
-        def buffer_updated(self, nbytes: int) -> None:
-            assert self.peer is not None and self.peer.transport is not None
-            self.peer.transport.write(self.buffer[:nbytes])
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if not self.done.done():
-                self.done.set_result(None)
 
     async def relay() -> None:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
-        front, back = Side(done), Side(done)
+
+        def lost() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        front, back = _RelaySide(lost), _RelaySide(lost)
         front.peer, back.peer = back, front
         if tls is None:
             await loop.connect_accepted_socket(lambda: back, downstream)
@@ -249,6 +281,53 @@ def uvloop_relay(
         await done
 
     uvloop.run(relay())
+
+
+def uvloop_relay_server(
+    front: socket.socket, target: tuple[str, int], tls: tuple[ssl.SSLContext, ssl.SSLContext] | None
+) -> None:
+    """uvloop_relay's work for every connection ``front`` accepts, each to a connection of its
+    own to ``target`` (with ``tls``: uvloop's TLS both sides, a server context for the clients and
+    a client one for ``target``), as a bare relay in front of a broker for Kafka's own clients.
+    A client is not read from until its connection to ``target`` is up. Runs until killed."""
+    import uvloop
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        connecting: set[asyncio.Task[None]] = set()
+
+        def accepted() -> _RelaySide:
+            client, upstream = _RelaySide(), _RelaySide()
+            client.peer, upstream.peer = upstream, client
+
+            async def connect() -> None:
+                assert client.transport is not None
+                try:
+                    await loop.create_connection(
+                        lambda: upstream,
+                        *target,
+                        ssl=tls[1] if tls else None,
+                        server_hostname=target[0] if tls else None,
+                    )
+                except OSError:
+                    client.transport.close()
+                    return
+                client.transport.resume_reading()
+
+            def made() -> None:
+                assert client.transport is not None
+                client.transport.pause_reading()
+                task = loop.create_task(connect())
+                connecting.add(task)
+                task.add_done_callback(connecting.discard)
+
+            client.made = made
+            return client
+
+        server = await loop.create_server(accepted, sock=front, ssl=tls[0] if tls else None)
+        await server.serve_forever()
+
+    uvloop.run(serve())
 
 
 def bulk(relay: Callable[[socket.socket, socket.socket], None]) -> float:
@@ -324,9 +403,10 @@ def main() -> None:
     parser.add_argument(
         "--serve", metavar="PORT:HOST:TARGET_PORT", help="only relay PORT to HOST:TARGET_PORT until killed"
     )
+    parser.add_argument("--tls-files", help="with --serve: TLS both sides, RelayServer's paths as JSON")
     args = parser.parse_args()
     if args.serve:
-        _serve(args.serve)
+        _serve(args.serve, args.tls_files)
         return
     copies, splices, smalls, uvloop_smalls = [], [], [], []
     requests = SMALL_RATE * SMALL_SECONDS

@@ -12,6 +12,16 @@ figures, then one JSON line:
                                   of record values through it, {"produce": ..., "consume": ...}:
                                   on two cores shared with the broker and the clients, what the
                                   proxy spends is what they do not get
+  tls_relay_producer_throughput_ratio,
+  tls_relay_consumer_throughput_ratio
+                                  the same for (c), a bare relay on uvloop's TLS both sides
+                                  (relay_floor's, a process of its own, with the proxy's
+                                  certificates) in front of a second SSL listener of the broker
+                                  that advertises the relay's port: what any proxy on this event
+                                  loop's TLS gets here, before any of kthrottle's code
+  tls_relay_cpu_s_per_gb          the relay's CPU per GB, as tls_proxy_cpu_s_per_gb
+  tls_producer_to_relay,          the proxy's records/s over the relay's, round by round
+  tls_consumer_to_relay
 
 With ``--baseline DIR`` a second proxy, run from another checkout's source tree, takes its turn
 in each round too (a change to the TLS path, measured against the code before it in the same
@@ -41,6 +51,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import relay_floor
 from passthrough import cpu_per_gb
 
 from dev.certs import CertificateAuthority
@@ -79,7 +90,10 @@ def main() -> None:
     consumer_config.write_text("".join(f"{k}={v}\n" for k, v in client_tls.items()))
 
     tls = BrokerTls(keystore=keystores["broker"], truststore=ca.cert_path, client_auth="required")
-    with KafkaCluster(brokers=1, tls=tls) as cluster, contextlib.ExitStack() as stack:
+    with (
+        KafkaCluster(brokers=1, tls=tls, relayed_listeners=("FLOOR_SSL",)) as cluster,
+        contextlib.ExitStack() as stack,
+    ):
 
         def proxy_config() -> dict[str, Any]:
             cfg = gateway_config(cluster, log_level="WARNING")
@@ -104,22 +118,36 @@ def main() -> None:
             source = args.baseline.resolve()
             baseline = ProxyProcess(proxy_config(), workdir=work / "baseline", source=source)
             proxies["baseline"] = stack.enter_context(baseline)
-        paths = {"direct": cluster.ssl_bootstrap_servers, **{k: p.bootstrap for k, p in proxies.items()}}
+        bound, advertised = cluster.nodes[0].relayed["FLOOR_SSL"]
+        relay_tls = {
+            "certfile": str(server.cert),
+            "keyfile": str(server.key),
+            "cafile": str(ca.cert_path),
+            "upstream_certfile": str(upstream.cert),
+            "upstream_keyfile": str(upstream.key),
+        }
+        relay = stack.enter_context(relay_floor.RelayServer(advertised, ("127.0.0.1", bound), tls=relay_tls))
+        paths = {
+            "direct": cluster.ssl_bootstrap_servers,
+            **{k: p.bootstrap for k, p in proxies.items()},
+            "relay": cluster.nodes[0].relayed_address("FLOOR_SSL"),
+        }
         cluster.create_topic("bench", 6)
         for boot in paths.values():  # JIT and page cache, every way
             produce(boot, "bench", 50_000, -1, props=client_tls)
         prod: dict[str, list[float]] = {name: [] for name in paths}
         cons: dict[str, list[float]] = {name: [] for name in paths}
-        # each proxy's CPU seconds per GB, per workload
-        own: dict[str, dict[str, list[float]]] = {k: {"produce": [], "consume": []} for k in proxies}
+        # each proxy's (and the relay's) CPU seconds per GB, per workload
+        pids = {k: p.proc.pid for k, p in proxies.items() if p.proc is not None} | {"relay": relay.pid}
+        own: dict[str, dict[str, list[float]]] = {k: {"produce": [], "consume": []} for k in pids}
 
         def measured(rnd: int, workload: str, name: str, run: Callable[[], dict[str, float]]) -> float:
-            proc = proxies[name].proc if name in proxies else None
-            result, cpu = cpu_per_gb(proc.pid if proc is not None else None, args.records, run)
+            pid = pids.get(name)
+            result, cpu = cpu_per_gb(pid, args.records, run)
             line = f"round {rnd} TLS {workload} {name}: {result['rate']:.0f} rec/s"
-            if proc is not None:
+            if pid is not None:
                 own[name][workload].append(cpu)
-                line += f", proxy CPU {cpu:.2f} s/GB"
+                line += f", {'relay' if name == 'relay' else 'proxy'} CPU {cpu:.2f} s/GB"
             print(line, flush=True)
             return result["rate"]
 
@@ -141,7 +169,13 @@ def main() -> None:
         "producer_records_per_s": {k: round(med(v)) for k, v in prod.items()},
         "consumer_records_per_s": {k: round(med(v)) for k, v in cons.items()},
         "tls_proxy_cpu_s_per_gb": {w: round(med(v), 2) for w, v in own["proxy"].items()},
+        "tls_relay_producer_throughput_ratio": round(med(prod["relay"]) / med(prod["direct"]), 3),
+        "tls_relay_consumer_throughput_ratio": round(med(cons["relay"]) / med(cons["direct"]), 3),
+        "tls_relay_cpu_s_per_gb": {w: round(med(v), 2) for w, v in own["relay"].items()},
     }
+    for workload, rates in (("producer", prod), ("consumer", cons)):
+        by_round = [mine / theirs for mine, theirs in zip(rates["proxy"], rates["relay"], strict=True)]
+        figures[f"tls_{workload}_to_relay"] = round(med(by_round), 3)
     if "baseline" in own:
         figures["baseline_cpu_s_per_gb"] = {w: round(med(v), 2) for w, v in own["baseline"].items()}
         for workload, rates in (("producer", prod), ("consumer", cons)):

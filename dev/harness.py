@@ -458,7 +458,8 @@ class KafkaCluster:
         ``netns`` runs the nodes inside that network namespace, on its inner address, so a test
         can cut the network between them and everything outside (``dev/netns.py``).
         ``relayed_listeners`` adds PLAINTEXT listeners (upper-case names) advertised at ports where
-        nothing listens until the test puts a relay there (``KafkaNode.relayed``)."""
+        nothing listens until the test puts a relay there (``KafkaNode.relayed``); a name ending
+        in ``_SSL`` makes it an SSL listener with ``tls``'s stores."""
         if brokers < 1:
             raise ValueError("a cluster needs at least one broker")
         self._own_workdir = workdir is None
@@ -485,6 +486,8 @@ class KafkaCluster:
         for name in relayed_listeners:
             if not name.isidentifier() or not name.isupper():
                 raise ValueError(f"relayed listener names are upper-case identifiers: {name!r}")
+            if name.endswith("_SSL") and tls is None:
+                raise ValueError(f"relayed listener {name} is SSL: the cluster needs tls")
             for node in self.nodes:
                 node.relayed[name] = (free_port(), free_port())
         _live_clusters.add(self)
@@ -563,18 +566,20 @@ class KafkaCluster:
         for name, (bound, advertised) in node.relayed.items():
             props["listeners"] += f",{name}://{node.host}:{bound}"
             props["advertised.listeners"] += f",{name}://{node.host}:{advertised}"
-            props["listener.security.protocol.map"] += f",{name}:PLAINTEXT"
+            protocol = "SSL" if name.endswith("_SSL") else "PLAINTEXT"
+            props["listener.security.protocol.map"] += f",{name}:{protocol}"
         if self.tls is not None:
             listener = f"SSL://{node.ssl_address}"
             props["listeners"] += "," + listener
             props["advertised.listeners"] += "," + listener
             props["listener.security.protocol.map"] += ",SSL:SSL"
-            prefix = "listener.name.ssl."
-            props[prefix + "ssl.keystore.type"] = "PEM"
-            props[prefix + "ssl.keystore.location"] = str(self.tls.keystore)
-            props[prefix + "ssl.truststore.type"] = "PEM"
-            props[prefix + "ssl.truststore.location"] = str(self.tls.truststore)
-            props[prefix + "ssl.client.auth"] = self.tls.client_auth
+            for name in ("SSL", *(n for n in node.relayed if n.endswith("_SSL"))):
+                prefix = f"listener.name.{name.lower()}."
+                props[prefix + "ssl.keystore.type"] = "PEM"
+                props[prefix + "ssl.keystore.location"] = str(self.tls.keystore)
+                props[prefix + "ssl.truststore.type"] = "PEM"
+                props[prefix + "ssl.truststore.location"] = str(self.tls.truststore)
+                props[prefix + "ssl.client.auth"] = self.tls.client_auth
         props.update(self.config)
         return props
 
