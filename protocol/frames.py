@@ -313,6 +313,17 @@ class FrameDecoder:
         self._scratch = self._scratch_view = None
         return head
 
+    def hand_over(self) -> int:
+        """The caller moves the rest of the streamed frame itself (``proxy/net/splice.py``,
+        straight from socket to socket): how many bytes of it are still to come. The decoder
+        forgets the frame; the caller reads the socket no further than that before it reads
+        into the decoder again."""
+        left = self._stream_left
+        self._stream_left = 0
+        self._chunk = None
+        self._chunk_filled = self._chunk_emitted = 0
+        return left
+
     def reuse_chunk(self) -> None:
         """Every piece of the current buffer has been written out and no view of it is kept
         anywhere: read the streamed frame's next bytes into it again, from its start (a fresh

@@ -157,6 +157,28 @@ class TailFinder:
             self.tail_at = self.consumed
         return pos
 
+    def skippable(self) -> int:
+        """How many of the frame's next bytes the walk skips unread (a partition's records):
+        they may go by without being fed, as ``skip``. 0 when it reads the next bytes."""
+        need = self._need
+        return -need if need < 0 else 0
+
+    def skip(self, n: int) -> None:
+        """``n`` (at most ``skippable()``) of the frame's next bytes went by unseen."""
+        need = self._need
+        if not 0 < n <= -need:
+            raise ValueError(f"cannot skip {n} bytes where the walk skips {max(0, -need)}")
+        need += n
+        if not need:
+            try:
+                need = self._walk.send(None)
+            except StopIteration as exc:  # pragma: no cover - the walks end by yielding 0
+                raise SchemaError("response walk ended early") from exc
+        self._need = need
+        self.consumed += n
+        if not need:
+            self.tail_at = self.consumed
+
 
 # A whole frame up to this size is walked as a bytes copy: compiled, a bytes object is indexed
 # natively, a bytearray or memoryview only through the generic protocol (a boxed int and a call a

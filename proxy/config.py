@@ -586,6 +586,10 @@ class ProxyConfig(Strict):
     max_frame_bytes: int = Field(DEFAULT_MAX_FRAME_BYTES, ge=1024, le=2**31 - 1)
     """A frame whose size prefix is larger closes its connection; like the broker's
     socket.request.max.bytes."""
+    splice_responses: bool = True
+    """A large response no stage needs whole (a bulk Fetch's) goes from the broker's socket to
+    the client's by splice(2), its records never copied through the proxy (Linux, both sides
+    plaintext; TLS and other systems stream it as before). false: always through user space."""
     connect_timeout_seconds: float = Field(10.0, gt=0, le=300)
     """Connecting to a broker gives up after this long; also the time a PROXY protocol header has
     to arrive."""

@@ -63,6 +63,12 @@ class ProxyMetrics:
             "(the client asks Metadata through the proxy instead)",
             registry=r,
         )
+        self.spliced_response_bytes = Counter(
+            "kthrottle_spliced_response_bytes",
+            "Bytes of large responses moved from broker to client by splice(2), never copied "
+            "through the proxy (splice_responses)",
+            registry=r,
+        )
         self.throttled_requests = Counter(
             "kthrottle_throttled_requests",
             "Requests over a quota (throttled, or with topics rejected), by api and whether the "

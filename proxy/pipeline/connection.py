@@ -273,6 +273,7 @@ class Pipeline(ConnectionFlow):
         # What was handled before the close still goes out, as it would have unbatched.
         self._flush_upstream_batch()
         self._flush_client_batch()
+        self.streams.close()
         close_bounded(self.client, self.loop)
         if self.upstream is not None:
             close_bounded(self.upstream, self.loop)

@@ -6,27 +6,47 @@ its first bytes, say whether a response comes); a response none looks at (no sta
 and no throttle is to be patched into it) is streamed to the client. Everything else is gathered
 whole, as before. While a request streams, other requests wait for it to end; while a response
 streams, answers the proxy makes itself wait for theirs.
+
+A streamed response goes from the broker's socket to the client's by splice(2) where it can
+(``proxy/net/splice.py``: plaintext both sides, ``splice_responses``, nothing else waiting to go
+to the client): only its first bytes pass through the proxy, and what its filter looks at.
 """
 
 from __future__ import annotations
 
+import logging
 import struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from protocol.api_keys import PRODUCE_KEY
 from protocol.frames import SIZE, FrameError, FrameHead, Piece, parse_request_header
 from protocol.schema import SchemaError
+from proxy.net.splice import SPLICE_SUPPORTED, SpliceLink, SpliceTransfer, socket_fd
 from proxy.pipeline.stages import InFlight, Request
 from proxy.pipeline.stages.base import WHOLE, StreamFilter
 
 if TYPE_CHECKING:
     from proxy.pipeline.connection import Pipeline
 
+log = logging.getLogger(__name__)
+_SPLICING: Final = "splice"  # the broker side's reads pause while the kernel moves a response
+
 
 class FrameStreams:
     """One connection's frames under way, each direction."""
 
-    __slots__ = ("after_request", "conn", "filter", "held", "request_open", "response", "response_size")
+    __slots__ = (
+        "after_request",
+        "can_splice",
+        "conn",
+        "filter",
+        "held",
+        "link",
+        "request_open",
+        "response",
+        "response_size",
+        "transfer",
+    )
 
     def __init__(self, conn: Pipeline) -> None:
         self.conn = conn
@@ -36,6 +56,9 @@ class FrameStreams:
         self.response_size = 0
         self.filter: StreamFilter | None = None  # a stage's view of the response streamed
         self.held = bytearray()  # its bytes the filter holds back until the end
+        self.can_splice = SPLICE_SUPPORTED and conn.server.cfg.splice_responses  # until tried
+        self.link: SpliceLink | None = None  # the pipe and descriptors, from the first splice
+        self.transfer: SpliceTransfer | None = None  # the response being spliced
 
     def request_head(self, head: FrameHead) -> None:
         """A large request began: a Produce whose stages read no more than its header (address
@@ -99,6 +122,56 @@ class FrameStreams:
         self.response_size = head.size
         self.filter = chosen
         conn.client.writelines((SIZE.pack(head.size), self._passed(data)))
+        if self.can_splice and not conn.client.get_write_buffer_size():
+            self._splice()
+
+    def _splice(self) -> None:
+        """Hand the rest of the response over to the kernel (see the module docstring)."""
+        conn = self.conn
+        link = self.link
+        if link is None:
+            upstream = conn.upstream
+            client_fd = socket_fd(conn.client)
+            upstream_fd = socket_fd(upstream) if upstream is not None else None
+            if client_fd is None or upstream_fd is None:
+                self.can_splice = False  # TLS on a side: it stays so for the connection
+                return
+            try:
+                link = self.link = SpliceLink(conn.loop, upstream_fd, client_fd)
+            except OSError as exc:  # out of descriptors: streamed through user space
+                self.can_splice = False
+                log.warning("conn %d: responses stream through the proxy, no splice: %s", conn.id, exc)
+                return
+        left = conn.responses.hand_over()
+        held = bytes(self.held)
+        self.held.clear()
+        conn.pause_upstream(_SPLICING)
+        self.transfer = SpliceTransfer(link, left, self.filter, self._spliced, self._splice_failed, held)
+        self.transfer.start()
+
+    def _spliced(self) -> None:
+        transfer = self.transfer
+        assert transfer is not None
+        self.transfer = None
+        self.filter = None
+        self.conn.metrics.spliced_response_bytes.inc(transfer.spliced)
+        self._response_out()
+        self.conn.resume_upstream(_SPLICING)
+
+    def _splice_failed(self, reason: str) -> None:
+        self.transfer = None
+        conn = self.conn
+        conn.metrics.upstream_errors.labels("splice").inc()
+        conn.close(f"a response could not be passed on whole: {reason}")
+
+    def close(self) -> None:
+        """The connection closes: a splice under way stops, the pipe and descriptors go."""
+        if self.transfer is not None:
+            self.transfer.cancel()
+            self.transfer = None
+        if self.link is not None:
+            self.link.close()
+            self.link = None
 
     def _passed(self, data: bytes | memoryview) -> bytes | memoryview:
         """What of ``data`` may go out now; the filter's share is held."""
@@ -127,14 +200,19 @@ class FrameStreams:
             conn.responses.reuse_chunk()  # the kernel has it all: no view of the buffer is kept
         if not piece.last:
             return
-        entry = self.response
-        assert entry is not None
-        self.response = None
         if self.filter is not None:
             self.filter.finish(self.held)
             conn.client.write(bytes(self.held))
             self.held.clear()
             self.filter = None
+        self._response_out()
+
+    def _response_out(self) -> None:
+        """The streamed response went out whole."""
+        conn = self.conn
+        entry = self.response
+        assert entry is not None
+        self.response = None
         conn.traffic(entry.api_key).response(self.response_size + 4, conn.loop.time() - entry.sent_at)
         conn.bytes_out += self.response_size + 4
         conn.sent(entry)

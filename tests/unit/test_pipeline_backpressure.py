@@ -1,5 +1,7 @@
 """A client that stops reading pauses its upstream: the proxy holds at most its write-buffer
-limit plus a frame for it, and everything arrives intact once the client reads again."""
+limit plus a frame for it, and everything arrives intact once the client reads again. With
+responses spliced (the default on Linux), the kernel's pipe waits for the client instead, and
+the proxy holds none of it."""
 
 from __future__ import annotations
 
@@ -7,9 +9,14 @@ import asyncio
 import socket
 import struct
 import time
+from collections.abc import Iterator
 
+import pytest
+
+from proxy.net.splice import SPLICE_SUPPORTED
 from proxy.pipeline.connection import WRITE_BUFFER_HIGH
-from tests.unit.conftest import Harness, recv_exactly
+from tests.tools import unavailable
+from tests.unit.conftest import Harness, StubUpstream, proxy_in_front_of, recv_exactly
 
 RESPONSE_BYTES = 1 << 20
 REQUESTS = 48
@@ -25,17 +32,32 @@ async def _pipeline_state(harness: Harness) -> tuple[int, set[str]]:
     return pipeline.client.get_write_buffer_size(), set(pipeline._upstream_pauses)
 
 
+@pytest.fixture(params=["streamed", "spliced"])
+def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    if request.param == "spliced" and not SPLICE_SUPPORTED:
+        unavailable("splice(2) is Linux's")
+    stub = StubUpstream()
+    splice = "true" if request.param == "spliced" else "false"
+    with proxy_in_front_of(stub.handle, f"splice_responses: {splice}\n") as (loop, port, server):
+        yield Harness(loop, stub, port, server)
+
+
 def test_slow_client_pauses_upstream(harness: Harness) -> None:
     stub = harness.stub
-    stub.received.clear()
-    stub.sent.clear()
+    spliced = harness.server.cfg.splice_responses
     stub.replies[:] = [bytes([i % 251]) * RESPONSE_BYTES for i in range(REQUESTS)]
     with socket.create_connection(("127.0.0.1", harness.port), timeout=30) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         sock.sendall(b"".join(_list_offsets_request(i) for i in range(REQUESTS)))
         time.sleep(1.5)  # the client reads nothing meanwhile
         held, pauses = asyncio.run_coroutine_threadsafe(_pipeline_state(harness), harness.loop).result(10)
-        assert "client-backpressure" in pauses
-        assert held <= WRITE_BUFFER_HIGH + RESPONSE_BYTES + 64
+        if spliced:  # the client's socket is full: the splice waits on it, the broker's reads too
+            assert pauses == {"splice"}
+            assert held == 0
+        else:
+            assert "client-backpressure" in pauses
+            assert held <= WRITE_BUFFER_HIGH + RESPONSE_BYTES + 64
         got = recv_exactly(sock, REQUESTS * (8 + RESPONSE_BYTES))
     assert got == bytes(stub.sent)
+    moved = harness.server.metrics.spliced_response_bytes._value.get()
+    assert moved > (REQUESTS * RESPONSE_BYTES) * 0.9 if spliced else moved == 0

@@ -118,6 +118,12 @@ class NodeEndpointsFilter:
     def feed(self, data: memoryview | bytes) -> int:
         return self.finder.feed(data)
 
+    def skippable(self) -> int:
+        return self.finder.skippable()
+
+    def skip(self, n: int) -> None:
+        self.finder.skip(n)
+
     def finish(self, tail: bytearray) -> None:
         if not withhold_node_endpoints(tail):
             return

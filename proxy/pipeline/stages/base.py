@@ -47,6 +47,15 @@ class StreamFilter(Protocol):
         """The frame is complete: change the held bytes in place (never their length)."""
         ...
 
+    def skippable(self) -> int:
+        """How many of the frame's next bytes the filter need not see (0: it looks at them);
+        those may go by without being fed (spliced: ``proxy/net/splice.py``), then ``skip``."""
+        ...
+
+    def skip(self, n: int) -> None:
+        """``n`` (at most ``skippable()``) of the frame's next bytes went by unseen."""
+        ...
+
 
 class _Whole:
     """``Stage.stream_filter`` answer: this response must be gathered whole (never fed)."""
@@ -55,6 +64,12 @@ class _Whole:
         raise AssertionError("a response a stage needs whole is not streamed")
 
     def finish(self, tail: bytearray) -> None:
+        raise AssertionError("a response a stage needs whole is not streamed")
+
+    def skippable(self) -> int:
+        raise AssertionError("a response a stage needs whole is not streamed")
+
+    def skip(self, n: int) -> None:
         raise AssertionError("a response a stage needs whole is not streamed")
 
 

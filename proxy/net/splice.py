@@ -1,0 +1,254 @@
+"""A large response moved from the broker's socket to the client's by the kernel: splice(2)
+through a pipe, its bytes never copied into the proxy (Linux, plaintext on both sides).
+
+A streamed response (``proxy/pipeline/frame_streams.py``) whose first bytes have gone out is
+handed over here with the count of its bytes still in the broker's socket. They go socket ->
+pipe -> socket. A stage that follows the response (the NodeEndpoints filter) says which spans
+it skips unread (a partition's records); only those are spliced, and the bytes between them (a
+partition's header, a few dozen bytes) are read into user space, shown to the filter and
+written into the same pipe, so the order on the wire is kept. The bytes the filter holds back
+at the end go out once it has finished them.
+
+The transports keep their sockets: the pipeline pauses the broker side's reads meanwhile, and
+the client side has nothing of its own to write (a streamed response goes first). This module
+waits on duplicates of the two descriptors, as an event loop refuses a second watcher on a
+transport's own. Reads stop at the response's last byte, so what follows it stays in the
+socket for the transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import socket
+from collections.abc import Callable
+from typing import Final, Protocol
+
+SPLICE_SUPPORTED: Final = hasattr(os, "splice")
+# A span the filter skips is spliced from this length; a shorter one is read with what is
+# around it (a splice per few bytes would cost more than the copy it saves).
+SPLICE_FROM_BYTES: Final = 16 * 1024
+READ_BYTES: Final = 4096  # read at a time where the filter looks at the bytes
+PIPE_BYTES: Final = 1024 * 1024  # Linux's default pipe-max-size; a smaller pipe still works
+_F_SETPIPE_SZ: Final = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_FLAGS: Final = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
+
+
+class SpanFilter(Protocol):
+    """What a stage that follows a streamed response offers for splicing (see StreamFilter)."""
+
+    def feed(self, data: memoryview | bytes) -> int: ...
+
+    def finish(self, tail: bytearray) -> None: ...
+
+    def skippable(self) -> int: ...
+
+    def skip(self, n: int) -> None: ...
+
+
+def socket_fd(transport: asyncio.BaseTransport) -> int | None:
+    """The descriptor of a plaintext socket transport; None for TLS or no socket."""
+    if transport.get_extra_info("ssl_object") is not None:
+        return None
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return None
+    try:
+        family = sock.family
+    except (AttributeError, OSError):
+        return None
+    if family not in (socket.AF_INET, socket.AF_INET6, socket.AF_UNIX):
+        return None
+    fd = sock.fileno()
+    return fd if isinstance(fd, int) and fd >= 0 else None
+
+
+class SpliceLink:
+    """One connection's pipe and duplicated socket descriptors, made at its first splice and
+    kept until it closes (a consumer's connection streams one large response after another)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, upstream_fd: int, client_fd: int) -> None:
+        self.loop = loop
+        self.upstream = os.dup(upstream_fd)
+        try:
+            self.client = os.dup(client_fd)
+        except OSError:
+            os.close(self.upstream)
+            raise
+        try:
+            self.pipe_out, self.pipe_in = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            os.close(self.upstream)
+            os.close(self.client)
+            raise
+        with contextlib.suppress(OSError):  # over the system's pipe-max-size: more splices
+            fcntl.fcntl(self.pipe_in, _F_SETPIPE_SZ, PIPE_BYTES)
+        self.closed = False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            for fd in (self.upstream, self.client, self.pipe_out, self.pipe_in):
+                os.close(fd)
+
+
+class SpliceTransfer:
+    """Moves ``left`` bytes of one response from the broker's socket to the client's.
+    ``done`` is called once all went out; ``failed`` with the reason on an error or an early
+    end (the pipeline then closes the connection: the client got part of a response). The
+    filter, if any, sees every byte it does not skip, in order, as a streamed response's does."""
+
+    def __init__(
+        self,
+        link: SpliceLink,
+        left: int,
+        span_filter: SpanFilter | None,
+        done: Callable[[], None],
+        failed: Callable[[str], None],
+        held: bytes | bytearray = b"",
+    ) -> None:
+        """``held``: what the filter already held back of the response's first bytes."""
+        self.link = link
+        self.left = left  # still in the broker's socket
+        self.filter = span_filter
+        self.done = done
+        self.failed = failed
+        self.in_pipe = 0
+        self.pending = b""  # read into user space, still to be written into the pipe
+        self.held = bytearray(held)  # what the filter holds back until its end
+        self.finished = span_filter is None
+        self.spliced = 0  # bytes moved without a copy
+        self._watching = 0  # 0 nothing, 1 the broker's socket readable, 2 the client's writable
+        self.over = False
+
+    def start(self) -> None:
+        self._pump()
+
+    def cancel(self) -> None:
+        """The connection closes: stop, and call neither callback."""
+        self.over = True
+        self._watch(0)
+
+    def _watch(self, what: int) -> None:
+        if what == self._watching:
+            return
+        link, loop = self.link, self.link.loop
+        if self._watching == 1:
+            loop.remove_reader(link.upstream)
+        elif self._watching == 2:
+            loop.remove_writer(link.client)
+        self._watching = what
+        if what == 1:
+            loop.add_reader(link.upstream, self._pump)
+        elif what == 2:
+            loop.add_writer(link.client, self._pump)
+
+    def _pump(self) -> None:
+        if self.over:
+            return
+        try:
+            wait = self._move()
+        except (OSError, ValueError) as exc:
+            self._end(str(exc) or type(exc).__name__)
+            return
+        if wait:
+            self._watch(wait)
+            return
+        self._end(None)
+
+    def _end(self, error: str | None) -> None:
+        self.over = True
+        self._watch(0)
+        if error is None:
+            self.done()
+        else:
+            self.failed(error)
+
+    def _move(self) -> int:
+        """Move what can move now: 0 when all went out, else what to wait for (1 or 2)."""
+        link = self.link
+        while True:
+            moved = False
+            if self.in_pipe:
+                try:
+                    n = os.splice(link.pipe_out, link.client, self.in_pipe, flags=_FLAGS)
+                except BlockingIOError:
+                    n = 0
+                self.in_pipe -= n
+                moved = n > 0
+            if self.pending:
+                try:
+                    n = os.write(link.pipe_in, self.pending)
+                except BlockingIOError:
+                    n = 0
+                self.pending = self.pending[n:]
+                self.in_pipe += n
+                moved = moved or n > 0
+            elif self.left and self.in_pipe < PIPE_BYTES:
+                moved = self._take(PIPE_BYTES - self.in_pipe) or moved
+            if not (self.left or self.pending or self.in_pipe):
+                if self.finished:
+                    return 0
+                self._finish_filter()
+                continue
+            if not moved:  # with bytes in the pipe, its way out is blocked
+                return 2 if self.in_pipe else 1
+
+    def _take(self, room: int) -> bool:
+        """Splice or read the response's next bytes from the broker's socket: True if any came."""
+        span_filter = self.filter
+        if span_filter is None:
+            span = self.left
+        else:  # once the filter holds bytes back, it sees all the rest
+            span = 0 if self.held else span_filter.skippable()
+            if span < SPLICE_FROM_BYTES:
+                span = 0
+        if span:
+            try:
+                n = os.splice(self.link.upstream, self.link.pipe_in, min(span, self.left, room), flags=_FLAGS)
+            except BlockingIOError:
+                return False
+            if not n:
+                raise ValueError(_closed_early(self.left))
+            self.left -= n
+            self.in_pipe += n
+            self.spliced += n
+            if span_filter is not None:
+                span_filter.skip(n)
+            return True
+        try:
+            data = os.read(self.link.upstream, min(READ_BYTES, self.left, room))
+        except BlockingIOError:
+            return False
+        if not data:
+            raise ValueError(_closed_early(self.left))
+        self.left -= len(data)
+        self.pending = self._passed(data)
+        return True
+
+    def _passed(self, data: bytes) -> bytes:
+        """What of ``data`` may go out now; the filter's share is held (as FrameStreams does)."""
+        span_filter = self.filter
+        if span_filter is None:
+            return data
+        if self.held:
+            self.held += data
+            return b""
+        n = span_filter.feed(data)
+        if n < len(data):
+            self.held += data[n:]
+            return data[:n]
+        return data
+
+    def _finish_filter(self) -> None:
+        assert self.filter is not None
+        self.filter.finish(self.held)
+        self.pending = bytes(self.held)
+        self.held.clear()
+        self.finished = True
+
+
+def _closed_early(left: int) -> str:
+    return f"the broker closed the connection {left} bytes before the response's end"
