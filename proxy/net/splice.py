@@ -34,6 +34,11 @@ READ_BYTES: Final = 4096  # read at a time where the filter looks at the bytes
 PIPE_BYTES: Final = 1024 * 1024  # Linux's default pipe-max-size; a smaller pipe still works
 _F_SETPIPE_SZ: Final = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _FLAGS: Final = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
+_F_GETPIPE_SZ: Final = getattr(fcntl, "F_GETPIPE_SZ", 1032)
+# What a transfer waits for: nothing (it is over), the broker's bytes, room at the client.
+_NOTHING: Final = 0
+_READABLE: Final = 1
+_WRITABLE: Final = 2
 
 
 class SpanFilter(Protocol):
@@ -85,6 +90,7 @@ class SpliceLink:
             raise
         with contextlib.suppress(OSError):  # over the system's pipe-max-size: more splices
             fcntl.fcntl(self.pipe_in, _F_SETPIPE_SZ, PIPE_BYTES)
+        self.pipe_bytes: int = fcntl.fcntl(self.pipe_in, _F_GETPIPE_SZ)
         self.closed = False
 
     def close(self) -> None:
@@ -108,48 +114,50 @@ class SpliceTransfer:
         done: Callable[[], None],
         failed: Callable[[str], None],
         held: bytes | bytearray = b"",
+        first: bytes = b"",
     ) -> None:
-        """``held``: what the filter already held back of the response's first bytes."""
+        """``held``: what the filter already held back of the response's first bytes;
+        ``first``: what goes out before the bytes still in the broker's socket."""
         self.link = link
         self.left = left  # still in the broker's socket
         self.filter = span_filter
         self.done = done
         self.failed = failed
         self.in_pipe = 0
-        self.pending = b""  # read into user space, still to be written into the pipe
+        self.pending = first  # read into user space, still to be written into the pipe
         self.held = bytearray(held)  # what the filter holds back until its end
         self.finished = span_filter is None
         self.spliced = 0  # bytes moved without a copy
-        self._watching = 0  # 0 nothing, 1 the broker's socket readable, 2 the client's writable
+        self._watching = _NOTHING
         self.over = False
 
     def start(self) -> None:
-        self._pump()
+        self._pump(False)
 
     def cancel(self) -> None:
         """The connection closes: stop, and call neither callback."""
         self.over = True
-        self._watch(0)
+        self._watch(_NOTHING)
 
     def _watch(self, what: int) -> None:
         if what == self._watching:
             return
         link, loop = self.link, self.link.loop
-        if self._watching == 1:
+        if self._watching == _READABLE:
             loop.remove_reader(link.upstream)
-        elif self._watching == 2:
+        elif self._watching == _WRITABLE:
             loop.remove_writer(link.client)
         self._watching = what
-        if what == 1:
-            loop.add_reader(link.upstream, self._pump)
-        elif what == 2:
-            loop.add_writer(link.client, self._pump)
+        if what == _READABLE:
+            loop.add_reader(link.upstream, self._pump, True)
+        elif what == _WRITABLE:
+            loop.add_writer(link.client, self._pump, False)
 
-    def _pump(self) -> None:
+    def _pump(self, readable: bool) -> None:
         if self.over:
             return
         try:
-            wait = self._move()
+            wait = self._move(readable)
         except (OSError, ValueError) as exc:
             self._end(str(exc) or type(exc).__name__)
             return
@@ -160,41 +168,64 @@ class SpliceTransfer:
 
     def _end(self, error: str | None) -> None:
         self.over = True
-        self._watch(0)
+        self._watch(_NOTHING)
         if error is None:
             self.done()
         else:
             self.failed(error)
 
-    def _move(self) -> int:
-        """Move what can move now: 0 when all went out, else what to wait for (1 or 2)."""
-        link = self.link
+    def _move(self, readable: bool) -> int:
+        """Move what can move now: _NOTHING when all went out, else what to wait for. The pipe
+        is filled before it is drained, as a streamed response goes out in 1 MiB writes: fewer,
+        larger writes wake the client fewer times."""
         while True:
-            moved = False
-            if self.in_pipe:
-                try:
-                    n = os.splice(link.pipe_out, link.client, self.in_pipe, flags=_FLAGS)
-                except BlockingIOError:
-                    n = 0
-                self.in_pipe -= n
-                moved = n > 0
+            full = self._fill(readable)
+            readable = False
+            if self.in_pipe and (full or not self.left):
+                if not self._drain():
+                    return _WRITABLE  # the client's socket is full
+                continue
+            if self.left:
+                return _READABLE  # the broker's socket is empty
+            if not self.finished:
+                self._finish_filter()
+                continue
+            return _NOTHING
+
+    def _fill(self, readable: bool) -> bool:
+        """Into the pipe: bytes read before, then the broker's socket's, until it is empty or
+        the pipe full. True when the pipe is full."""
+        pipe_bytes = self.link.pipe_bytes
+        while True:
             if self.pending:
                 try:
-                    n = os.write(link.pipe_in, self.pending)
+                    n = os.write(self.link.pipe_in, self.pending)
                 except BlockingIOError:
                     n = 0
                 self.pending = self.pending[n:]
                 self.in_pipe += n
-                moved = moved or n > 0
-            elif self.left and self.in_pipe < PIPE_BYTES:
-                moved = self._take(PIPE_BYTES - self.in_pipe) or moved
-            if not (self.left or self.pending or self.in_pipe):
-                if self.finished:
-                    return 0
-                self._finish_filter()
+                if self.pending:
+                    return True
                 continue
-            if not moved:  # with bytes in the pipe, its way out is blocked
-                return 2 if self.in_pipe else 1
+            if not self.left:
+                return False
+            if self.in_pipe >= pipe_bytes:
+                return True
+            if not self._take(pipe_bytes - self.in_pipe):
+                # Readable, yet nothing came: the pipe has no slot left (it counts pages, not
+                # bytes), as the socket is not empty.
+                return readable
+            readable = False
+
+    def _drain(self) -> bool:
+        """The pipe into the client's socket: False when that is full first."""
+        while self.in_pipe:
+            try:
+                n = os.splice(self.link.pipe_out, self.link.client, self.in_pipe, flags=_FLAGS)
+            except BlockingIOError:
+                return False
+            self.in_pipe -= n
+        return True
 
     def _take(self, room: int) -> bool:
         """Splice or read the response's next bytes from the broker's socket: True if any came."""

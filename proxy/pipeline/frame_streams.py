@@ -121,12 +121,18 @@ class FrameStreams:
         self.response = entry
         self.response_size = head.size
         self.filter = chosen
-        conn.client.writelines((SIZE.pack(head.size), self._passed(data)))
-        if self.can_splice and not conn.client.get_write_buffer_size():
-            self._splice()
+        first = self._passed(data)
+        if (
+            self.can_splice
+            and not conn.client.get_write_buffer_size()
+            and self._splice(SIZE.pack(head.size) + first)
+        ):
+            return
+        conn.client.writelines((SIZE.pack(head.size), first))
 
-    def _splice(self) -> None:
-        """Hand the rest of the response over to the kernel (see the module docstring)."""
+    def _splice(self, first: bytes) -> bool:
+        """Hand the response over to the kernel (see the module docstring), its ``first`` bytes
+        with it (one write to the client, not two); False when it cannot be."""
         conn = self.conn
         link = self.link
         if link is None:
@@ -135,19 +141,22 @@ class FrameStreams:
             upstream_fd = socket_fd(upstream) if upstream is not None else None
             if client_fd is None or upstream_fd is None:
                 self.can_splice = False  # TLS on a side: it stays so for the connection
-                return
+                return False
             try:
                 link = self.link = SpliceLink(conn.loop, upstream_fd, client_fd)
             except OSError as exc:  # out of descriptors: streamed through user space
                 self.can_splice = False
                 log.warning("conn %d: responses stream through the proxy, no splice: %s", conn.id, exc)
-                return
+                return False
         left = conn.responses.hand_over()
         held = bytes(self.held)
         self.held.clear()
         conn.pause_upstream(_SPLICING)
-        self.transfer = SpliceTransfer(link, left, self.filter, self._spliced, self._splice_failed, held)
+        self.transfer = SpliceTransfer(
+            link, left, self.filter, self._spliced, self._splice_failed, held, first
+        )
         self.transfer.start()
+        return True
 
     def _spliced(self) -> None:
         transfer = self.transfer

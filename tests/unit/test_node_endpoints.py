@@ -157,3 +157,53 @@ def test_a_truncated_response_is_refused() -> None:
         tail_of(ApiKey.FETCH, 17, frame[:-40])
     with pytest.raises(SchemaError):
         tail_of(ApiKey.FETCH, 17, frame[:-40], copy_limit=0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    case=st.sampled_from(CASES),
+    endpoints=st.booleans(),
+    record_sizes=st.lists(st.integers(-1, 3000), min_size=0, max_size=4),
+    bites=st.lists(st.integers(1, 700), min_size=1, max_size=10),
+)
+def test_skipped_spans_find_the_same_tail(
+    case: tuple[int, int], endpoints: bool, record_sizes: list[int], bites: list[int]
+) -> None:
+    """What the walk skips may go by unseen (spliced, in part or whole): the tail is found at
+    the same place as when every byte is fed."""
+    key, version = case
+    if key == ApiKey.FETCH:
+        body = _fetch(version, endpoints, record_sizes)
+    else:
+        body = _produce(version, endpoints, len(record_sizes))
+    frame = _frame(key, version, body)
+    fed = TailFinder(key, version)
+    fed.feed(frame)
+    walked = TailFinder(key, version)
+    pos = i = skipped = 0
+    while walked.tail_at is None:
+        bite = bites[i % len(bites)]
+        i += 1
+        span = walked.skippable()
+        if span:
+            n = min(span, bite)
+            walked.skip(n)
+            skipped += n
+        else:
+            n = min(bite, len(frame) - pos)
+            walked.feed(frame[pos : pos + n])
+        pos += n
+    assert walked.tail_at == fed.tail_at
+    assert walked.consumed == fed.tail_at
+    assert skipped >= min(4, bites[0])  # the correlation id, at least
+
+
+def test_only_what_the_walk_skips_may_be_skipped() -> None:
+    finder = TailFinder(ApiKey.FETCH, 17)
+    assert finder.skippable() == 4  # the correlation id
+    with pytest.raises(ValueError, match="cannot skip 5"):
+        finder.skip(5)
+    finder.skip(4)
+    assert finder.skippable() == 0  # the response header's tagged fields are read
+    with pytest.raises(ValueError, match="cannot skip 1"):
+        finder.skip(1)

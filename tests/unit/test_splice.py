@@ -1,0 +1,295 @@
+"""splice(2) moves the rest of a response from one real TCP socket to another in order, stops at
+its last byte (what follows stays for the transport), shows the filter every byte it does not
+skip, waits for a slow reader, and says so when the broker leaves mid-response. On both event
+loops the proxy runs on."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import uvloop
+
+from protocol import messages
+from protocol.api_keys import ApiKey
+from protocol.frames import encode_response_header
+from protocol.node_endpoints import TailFinder, tail_of, withhold_node_endpoints
+from proxy.net.splice import SPLICE_SUPPORTED, SpliceLink, SpliceTransfer
+from tests.tools import unavailable
+
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
+NEXT = b"\x00\x00\x00\x08the next"  # the next frame, left in the broker's socket
+
+
+class Sockets:
+    """broker -> (upstream: the proxy's) and (client: the proxy's) -> reader, over loopback TCP."""
+
+    def __init__(self) -> None:
+        self.broker, self.upstream = _tcp_pair()
+        self.client, self.reader = _tcp_pair()
+        for sock in (self.upstream, self.client):
+            sock.setblocking(False)  # as a transport's are
+
+    def close(self) -> None:
+        for sock in (self.broker, self.upstream, self.client, self.reader):
+            sock.close()
+
+
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        near = socket.create_connection(server.getsockname(), timeout=20)
+        far, _ = server.accept()
+    far.settimeout(20)
+    return near, far
+
+
+@pytest.fixture(params=sorted(LOOPS))
+def loop(request: pytest.FixtureRequest) -> Iterator[asyncio.AbstractEventLoop]:
+    if not SPLICE_SUPPORTED:
+        unavailable("splice(2) is Linux's")
+    made = LOOPS[request.param]()
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def sockets() -> Iterator[Sockets]:
+    made = Sockets()
+    yield made
+    made.close()
+
+
+class TailFilter:
+    """The NodeEndpoints filter's part, without a connection around it."""
+
+    def __init__(self, key: int, version: int, head: bytes) -> None:
+        self.finder = TailFinder(key, version)
+        self.passed_head = self.finder.feed(head)
+        self.fed = 0
+
+    def feed(self, data: memoryview | bytes) -> int:
+        self.fed += len(data)
+        return self.finder.feed(data)
+
+    def skippable(self) -> int:
+        return self.finder.skippable()
+
+    def skip(self, n: int) -> None:
+        self.finder.skip(n)
+
+    def finish(self, tail: bytearray) -> None:
+        withhold_node_endpoints(tail)
+
+
+def _transfer(
+    loop: asyncio.AbstractEventLoop,
+    sockets: Sockets,
+    left: int,
+    span_filter: Any = None,
+    held: bytes = b"",
+) -> SpliceTransfer:
+    """Runs one transfer to its end; raises ConnectionError with the reason if it failed."""
+
+    async def run() -> SpliceTransfer:
+        link = SpliceLink(loop, sockets.upstream.fileno(), sockets.client.fileno())
+        ended: asyncio.Future[None] = loop.create_future()
+
+        def failed(reason: str) -> None:
+            ended.set_exception(ConnectionError(reason))
+
+        transfer = SpliceTransfer(link, left, span_filter, lambda: ended.set_result(None), failed, held)
+        try:
+            transfer.start()
+            await asyncio.wait_for(ended, 20)
+        finally:
+            link.close()
+        return transfer
+
+    return loop.run_until_complete(run())
+
+
+def _send(sock: socket.socket, data: bytes) -> threading.Thread:
+    thread = threading.Thread(target=sock.sendall, args=(data,), daemon=True)
+    thread.start()
+    return thread
+
+
+class Reader:
+    """Reads ``n`` bytes on a thread, slowly if asked (a client that falls behind)."""
+
+    def __init__(self, sock: socket.socket, n: int, pause: float = 0.0) -> None:
+        self.sock, self.n, self.pause = sock, n, pause
+        self.got = bytearray()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        while len(self.got) < self.n:
+            chunk = self.sock.recv(min(self.n - len(self.got), 256 * 1024 if not self.pause else 32 * 1024))
+            if not chunk:
+                return
+            self.got += chunk
+            if self.pause:
+                time.sleep(self.pause)
+
+    def result(self) -> bytes:
+        self.thread.join(20)
+        return bytes(self.got)
+
+
+def _left_in(sock: socket.socket, n: int) -> bytes:
+    sock.setblocking(True)
+    sock.settimeout(5)
+    got = b""
+    while len(got) < n:
+        got += sock.recv(n - len(got))
+    return got
+
+
+def test_the_bytes_go_across_in_order_and_the_next_frame_stays(
+    loop: asyncio.AbstractEventLoop, sockets: Sockets
+) -> None:
+    body = bytes(i % 253 for i in range(5 * 1024 * 1024 + 17))
+    sender = _send(sockets.broker, body + NEXT)
+    reader = Reader(sockets.reader, len(body))
+    transfer = _transfer(loop, sockets, len(body))
+    assert reader.result() == body
+    assert transfer.spliced == len(body)  # none of it was copied through the proxy
+    assert _left_in(sockets.upstream, len(NEXT)) == NEXT
+    sender.join(5)
+
+
+def test_a_slow_client_is_waited_for(loop: asyncio.AbstractEventLoop, sockets: Sockets) -> None:
+    sockets.reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    body = bytes(i % 241 for i in range(3 * 1024 * 1024))
+    sender = _send(sockets.broker, body + NEXT)
+    reader = Reader(sockets.reader, len(body), pause=0.002)
+    _transfer(loop, sockets, len(body))
+    assert reader.result() == body
+    assert _left_in(sockets.upstream, len(NEXT)) == NEXT
+    sender.join(5)
+
+
+def _fetch_response(partitions: int, records_bytes: int) -> bytes:
+    records = bytes(i % 251 for i in range(records_bytes))
+    body = {
+        "responses": [
+            {
+                "topic_id": bytes(range(16)),
+                "partitions": [
+                    {"partition_index": i, "high_watermark": 9, "last_stable_offset": 9, "records": records}
+                    for i in range(partitions)
+                ],
+            }
+        ],
+        "node_endpoints": [{"node_id": 1, "host": "broker-1.internal", "port": 9092, "rack": None}],
+    }
+    return bytes(
+        encode_response_header(ApiKey.FETCH, 17, 5) + messages.encode_response(ApiKey.FETCH, 17, body)
+    )
+
+
+@pytest.mark.parametrize("head_bytes", [60, 512])
+def test_the_filter_sees_all_it_does_not_skip_and_finishes_the_tail(
+    loop: asyncio.AbstractEventLoop, sockets: Sockets, head_bytes: int
+) -> None:
+    """A Fetch v17 response whose first bytes already went out (as a streamed one's head does):
+    its records are spliced, its partition headers read, its NodeEndpoints withheld in place."""
+    frame = _fetch_response(3, 400 * 1024)
+    expected = bytearray(frame)
+    assert withhold_node_endpoints(tail_of(ApiKey.FETCH, 17, expected))
+    head, rest = frame[:head_bytes], frame[head_bytes:]
+    span_filter = TailFilter(ApiKey.FETCH, 17, head)
+    assert span_filter.passed_head == len(head)
+    sender = _send(sockets.broker, rest + NEXT)
+    reader = Reader(sockets.reader, len(rest))
+    transfer = _transfer(loop, sockets, len(rest), span_filter)
+    assert head + reader.result() == bytes(expected)
+    assert b"broker-1.internal" not in reader.result()
+    assert transfer.spliced >= 3 * (400 * 1024 - 4096)  # the records, less what came with a header
+    assert span_filter.fed + transfer.spliced == len(rest)
+    assert _left_in(sockets.upstream, len(NEXT)) == NEXT
+    sender.join(5)
+
+
+def test_bytes_the_filter_already_held_go_out_finished(
+    loop: asyncio.AbstractEventLoop, sockets: Sockets
+) -> None:
+    """The head reached into the tagged fields: the filter held their start before the splice."""
+    frame = _fetch_response(1, 100)
+    expected = bytearray(frame)
+    withhold_node_endpoints(tail_of(ApiKey.FETCH, 17, expected))
+    head, rest = frame[:-10], frame[-10:]
+    span_filter = TailFilter(ApiKey.FETCH, 17, head)
+    passed = span_filter.passed_head
+    assert passed < len(head)
+    sender = _send(sockets.broker, rest + NEXT)
+    reader = Reader(sockets.reader, len(frame) - passed)
+    _transfer(loop, sockets, len(rest), span_filter, held=head[passed:])
+    assert head[:passed] + reader.result() == bytes(expected)
+    assert _left_in(sockets.upstream, len(NEXT)) == NEXT
+    sender.join(5)
+
+
+def test_a_broker_that_leaves_mid_response_fails_the_transfer(
+    loop: asyncio.AbstractEventLoop, sockets: Sockets
+) -> None:
+    """The client got part of a response: the pipeline closes its connection on this."""
+    sockets.broker.sendall(b"x" * 100_000)
+    sockets.broker.shutdown(socket.SHUT_WR)
+    with pytest.raises(ConnectionError, match="closed the connection 900000 bytes before"):
+        _transfer(loop, sockets, 1_000_000)
+
+
+def test_a_cancelled_transfer_calls_nothing_back(loop: asyncio.AbstractEventLoop, sockets: Sockets) -> None:
+    calls: list[str] = []
+
+    async def run() -> None:
+        link = SpliceLink(loop, sockets.upstream.fileno(), sockets.client.fileno())
+        transfer = SpliceTransfer(link, 1000, None, lambda: calls.append("done"), calls.append)
+        transfer.start()  # nothing has come: it waits on the broker's socket
+        transfer.cancel()
+        link.close()
+        sockets.broker.sendall(b"y" * 1000)
+        await asyncio.sleep(0.05)
+
+    loop.run_until_complete(run())
+    assert calls == []
+    assert _left_in(sockets.upstream, 1000) == b"y" * 1000
+
+
+def test_a_pipe_out_of_slots_before_bytes_is_drained(
+    loop: asyncio.AbstractEventLoop, sockets: Sockets
+) -> None:
+    """A pipe counts page slots, not bytes: small segments fill it long before its byte size.
+    The broker's socket then stays readable while nothing more fits, and the pipe is drained
+    (not waited on for good). Here the pipe shrinks to one page behind the link's back."""
+    body = bytes(i % 199 for i in range(300_000))
+    sender = _send(sockets.broker, body + NEXT)
+    reader = Reader(sockets.reader, len(body))
+
+    async def run() -> None:
+        link = SpliceLink(loop, sockets.upstream.fileno(), sockets.client.fileno())
+        fcntl.fcntl(link.pipe_in, getattr(fcntl, "F_SETPIPE_SZ", 1031), 4096)
+        assert link.pipe_bytes > 4096
+        ended: asyncio.Future[None] = loop.create_future()
+        transfer = SpliceTransfer(link, len(body), None, lambda: ended.set_result(None), ended.set_exception)
+        try:
+            transfer.start()
+            await asyncio.wait_for(ended, 20)
+        finally:
+            link.close()
+
+    loop.run_until_complete(run())
+    assert reader.result() == body
+    assert _left_in(sockets.upstream, len(NEXT)) == NEXT
+    sender.join(5)
