@@ -160,3 +160,19 @@ def test_every_record_arrives_intact(
         assert spliced > 0.8 * fetched, (spliced, fetched)
     else:
         assert spliced == 0
+
+
+@pytest.mark.timeout(240)
+def test_every_record_arrives_intact_from_three_brokers(kafka_cluster3: KafkaCluster) -> None:
+    """Partition leaders on three brokers: one spliced connection to each, side by side."""
+    topic = f"spliced3-{uuid.uuid4().hex[:8]}"
+    kafka_cluster3.create_topic(topic, PARTITIONS, replication=3)
+    sent = _produce_direct(kafka_cluster3.bootstrap_servers, topic)
+    with ProxyProcess(gateway_config(kafka_cluster3, log_level="WARNING")) as proxy:
+        got = _confluent(proxy.bootstrap, topic)
+        spliced = proxy.metric("kthrottle_spliced_response_bytes_total")
+        fetched = proxy.metric("kthrottle_response_bytes_total", {"api": "Fetch"})
+        errors = proxy.metric("kthrottle_upstream_errors_total")
+    assert got == sent
+    assert errors == 0
+    assert spliced > 0.8 * fetched, (spliced, fetched)
