@@ -24,11 +24,12 @@ from protocol.schema import SchemaError
 from proxy.net.splice import SPLICE_SUPPORTED, SpliceLink, SpliceTransfer, socket_fd
 from proxy.pipeline.stages import InFlight, Request
 from proxy.pipeline.stages.base import WHOLE, StreamFilter
+from proxy.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
     from proxy.pipeline.connection import Pipeline
 
-log = logging.getLogger(__name__)
+splice_log: Final = RateLimitedLog(logging.getLogger(__name__))  # out of descriptors: often
 _SPLICING: Final = "splice"  # the broker side's reads pause while the kernel moves a response
 
 
@@ -146,7 +147,14 @@ class FrameStreams:
                 link = self.link = SpliceLink(conn.loop, upstream_fd, client_fd)
             except OSError as exc:  # out of descriptors: streamed through user space
                 self.can_splice = False
-                log.warning("conn %d: responses stream through the proxy, no splice: %s", conn.id, exc)
+                conn.metrics.upstream_errors.labels("splice-unavailable").inc()
+                splice_log.log(
+                    logging.WARNING,
+                    "no-splice",
+                    "conn %d: responses stream through the proxy: %s",
+                    conn.id,
+                    exc,
+                )
                 return False
         left = conn.responses.hand_over()
         held = bytes(self.held)
