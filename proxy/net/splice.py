@@ -3,12 +3,12 @@ through a pipe, its bytes never copied into the proxy (Linux, plaintext on both 
 
 A streamed response (``proxy/pipeline/frame_streams.py``) is handed over here with its first
 bytes (read already; they go out first) and the count of its bytes still in the broker's
-socket. Those go socket -> pipe -> socket. A stage that follows the response (the NodeEndpoints filter) says which spans
-it skips unread (a partition's records); only those are spliced, and the bytes between them (a
-partition's header, a few dozen bytes) are read into user space, shown to the filter and
-written into the same pipe, so the order on the wire is kept. The bytes the filter holds back
-at the end go out once it has finished them. The pipe is filled before it is drained: the
-client gets the response in writes of up to 1 MiB, as a streamed one's pieces.
+socket. Those go socket -> pipe -> socket. A stage that follows the response (the NodeEndpoints
+filter) says which spans it skips unread (a partition's records); only those are spliced, and
+the bytes between them (a partition's header, a few dozen bytes) are read into user space,
+shown to the filter and written into the same pipe, so the order on the wire is kept. The bytes
+the filter holds back at the end go out once it has finished them. The pipe is filled before it
+is drained: the client gets the response in writes of up to 1 MiB, as a streamed one's pieces.
 
 The transports keep their sockets: the pipeline pauses the broker side's reads meanwhile, and
 the client side has nothing of its own to write (a streamed response goes first). This module

@@ -10,6 +10,7 @@ import hashlib
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from kafka import KafkaProducer
@@ -72,19 +73,22 @@ def _confluent(bootstrap: str, topic: str) -> Consumed:
     return got
 
 
+def _python_consumer() -> dict[str, Any]:
+    """kafka-python's and aiokafka's settings (they share the names): large fetches, a new group."""
+    return {
+        "group_id": f"g-{uuid.uuid4().hex[:8]}",
+        "auto_offset_reset": "earliest",
+        "enable_auto_commit": False,
+        "fetch_max_bytes": FETCH["total"],
+        "max_partition_fetch_bytes": FETCH["partition"],
+        "check_crcs": True,
+    }
+
+
 def _kafka_python(bootstrap: str, topic: str) -> Consumed:
     from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        group_id=f"g-{uuid.uuid4().hex[:8]}",
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        fetch_max_bytes=FETCH["total"],
-        max_partition_fetch_bytes=FETCH["partition"],
-        check_crcs=True,
-    )
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, **_python_consumer())
     got: Consumed = {p: [] for p in range(PARTITIONS)}
     deadline = time.monotonic() + 60
     try:
@@ -100,16 +104,7 @@ def _aiokafka(bootstrap: str, topic: str) -> Consumed:
     from aiokafka import AIOKafkaConsumer
 
     async def run() -> Consumed:
-        consumer = AIOKafkaConsumer(
-            topic,
-            bootstrap_servers=bootstrap,
-            group_id=f"g-{uuid.uuid4().hex[:8]}",
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            fetch_max_bytes=FETCH["total"],
-            max_partition_fetch_bytes=FETCH["partition"],
-            check_crcs=True,
-        )
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, **_python_consumer())
         await consumer.start()
         got: Consumed = {p: [] for p in range(PARTITIONS)}
         deadline = time.monotonic() + 60

@@ -99,24 +99,28 @@ def _decoded(key: int, version: int, frame: bytes | bytearray) -> dict[str, Any]
 
 
 CASES = [(ApiKey.FETCH, v) for v in (16, 17, 18)] + [(ApiKey.PRODUCE, v) for v in (10, 11, 12, 13)]
+# A response of a case: with or without NodeEndpoints, its partitions' records (-1: an error).
+RESPONSES = {
+    "case": st.sampled_from(CASES),
+    "endpoints": st.booleans(),
+    "record_sizes": st.lists(st.integers(-1, 3000), min_size=0, max_size=4),
+}
+
+
+def _case_frame(case: tuple[int, int], endpoints: bool, record_sizes: list[int]) -> bytes:
+    key, version = case
+    if key == ApiKey.FETCH:
+        return _frame(key, version, _fetch(version, endpoints, record_sizes))
+    return _frame(key, version, _produce(version, endpoints, len(record_sizes)))
 
 
 @settings(max_examples=150, deadline=None)
-@given(
-    case=st.sampled_from(CASES),
-    endpoints=st.booleans(),
-    record_sizes=st.lists(st.integers(-1, 3000), min_size=0, max_size=4),
-    cuts=st.lists(st.integers(1, 2000), min_size=1, max_size=20),
-)
+@given(**RESPONSES, cuts=st.lists(st.integers(1, 2000), min_size=1, max_size=20))
 def test_the_tail_is_found_however_the_frame_is_split(
     case: tuple[int, int], endpoints: bool, record_sizes: list[int], cuts: list[int]
 ) -> None:
     key, version = case
-    if key == ApiKey.FETCH:
-        body = _fetch(version, endpoints, record_sizes)
-    else:
-        body = _produce(version, endpoints, len(record_sizes))
-    frame = _frame(key, version, body)
+    frame = _case_frame(case, endpoints, record_sizes)
     whole = TailFinder(key, version)
     assert whole.feed(frame) == whole.tail_at
     assert whole.tail_at is not None
@@ -160,23 +164,14 @@ def test_a_truncated_response_is_refused() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(
-    case=st.sampled_from(CASES),
-    endpoints=st.booleans(),
-    record_sizes=st.lists(st.integers(-1, 3000), min_size=0, max_size=4),
-    bites=st.lists(st.integers(1, 700), min_size=1, max_size=10),
-)
+@given(**RESPONSES, bites=st.lists(st.integers(1, 700), min_size=1, max_size=10))
 def test_skipped_spans_find_the_same_tail(
     case: tuple[int, int], endpoints: bool, record_sizes: list[int], bites: list[int]
 ) -> None:
     """What the walk skips may go by unseen (spliced, in part or whole): the tail is found at
     the same place as when every byte is fed."""
     key, version = case
-    if key == ApiKey.FETCH:
-        body = _fetch(version, endpoints, record_sizes)
-    else:
-        body = _produce(version, endpoints, len(record_sizes))
-    frame = _frame(key, version, body)
+    frame = _case_frame(case, endpoints, record_sizes)
     fed = TailFinder(key, version)
     fed.feed(frame)
     walked = TailFinder(key, version)
