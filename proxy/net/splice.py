@@ -24,6 +24,8 @@ import contextlib
 import fcntl
 import os
 import socket
+import struct
+import termios
 from collections.abc import Callable
 from typing import Final, Protocol
 
@@ -32,7 +34,8 @@ SPLICE_SUPPORTED: Final = hasattr(os, "splice")
 # around it (a splice per few bytes would cost more than the copy it saves).
 SPLICE_FROM_BYTES: Final = 16 * 1024
 READ_BYTES: Final = 4096  # read at a time where the filter looks at the bytes
-PIPE_BYTES: Final = 1024 * 1024  # Linux's default pipe-max-size; a smaller pipe still works
+PIPE_BYTES: Final = 1024 * 1024  # Linux's default pipe-max-size
+MIN_PIPE_BYTES: Final = 256 * 1024  # a pipe smaller than this: the response is copied instead
 _F_SETPIPE_SZ: Final = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _FLAGS: Final = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
 _F_GETPIPE_SZ: Final = getattr(fcntl, "F_GETPIPE_SZ", 1032)
@@ -71,41 +74,60 @@ def socket_fd(transport: asyncio.BaseTransport) -> int | None:
     return fd if isinstance(fd, int) and fd >= 0 else None
 
 
-class SpliceLink:
-    """One connection's pipe and duplicated socket descriptors, made at its first splice and
-    kept until it closes (a consumer's connection streams one large response after another)."""
+class PipeTooSmall(OSError):
+    """The pipe could not be given MIN_PIPE_BYTES: the user's pipe budget is spent
+    (``fs.pipe-user-pages-soft``: 64 pipes of 1 MiB by default), or ``fs.pipe-max-size`` is
+    lower. Splicing through a pipe of a page or two would cost more than the copy it saves."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, upstream_fd: int, client_fd: int) -> None:
+
+class SpliceLink:
+    """One transfer's pipe and duplicates of the two socket descriptors (the event loop refuses
+    a second watcher on a transport's own). Made per transfer and closed at its end: pipes count
+    against a per-user budget, so only the responses under way hold one."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, source_fd: int, sink_fd: int) -> None:
         self.loop = loop
-        self.upstream = os.dup(upstream_fd)
-        try:
-            self.client = os.dup(client_fd)
-        except OSError:
-            os.close(self.upstream)
-            raise
-        try:
-            self.pipe_out, self.pipe_in = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            os.close(self.upstream)
-            os.close(self.client)
-            raise
-        with contextlib.suppress(OSError):  # over the system's pipe-max-size: more splices
-            fcntl.fcntl(self.pipe_in, _F_SETPIPE_SZ, PIPE_BYTES)
-        self.pipe_bytes: int = fcntl.fcntl(self.pipe_in, _F_GETPIPE_SZ)
         self.closed = False
+        self._fds: list[int] = []
+        try:
+            self.source = self._keep(os.dup(source_fd))
+            self.sink = self._keep(os.dup(sink_fd))
+            self.pipe_out, self.pipe_in = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            self._fds += (self.pipe_out, self.pipe_in)
+            with contextlib.suppress(OSError):  # over pipe-max-size or the budget: said below
+                fcntl.fcntl(self.pipe_in, _F_SETPIPE_SZ, PIPE_BYTES)
+            self.pipe_bytes: int = fcntl.fcntl(self.pipe_in, _F_GETPIPE_SZ)
+            if self.pipe_bytes < MIN_PIPE_BYTES:
+                raise PipeTooSmall(f"a pipe of {self.pipe_bytes} bytes (fs.pipe-user-pages-soft spent?)")
+        except OSError:
+            self.close()
+            raise
+
+    def _keep(self, fd: int) -> int:
+        self._fds.append(fd)
+        return fd
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            for fd in (self.upstream, self.client, self.pipe_out, self.pipe_in):
+            for fd in self._fds:
                 os.close(fd)
 
 
+class SpliceFailed(Exception):
+    """A transfer ended early; ``sink_side``: it was the receiving side (the client) that went."""
+
+    def __init__(self, reason: str, sink_side: bool) -> None:
+        super().__init__(reason)
+        self.sink_side = sink_side
+
+
 class SpliceTransfer:
-    """Moves ``left`` bytes of one response from the broker's socket to the client's.
-    ``done`` is called once all went out; ``failed`` with the reason on an error or an early
-    end (the pipeline then closes the connection: the client got part of a response). The
-    filter, if any, sees every byte it does not skip, in order, as a streamed response's does."""
+    """Moves ``left`` bytes of one response from the broker's socket to the client's, through
+    ``link`` (closed at the end). ``done`` is called once all went out; ``failed`` with a
+    SpliceFailed on an error or an early end (the pipeline then closes the connection: the
+    client got part of a response). The filter, if any, sees every byte it does not skip, in
+    order, as a streamed response's does."""
 
     def __init__(
         self,
@@ -113,7 +135,7 @@ class SpliceTransfer:
         left: int,
         span_filter: SpanFilter | None,
         done: Callable[[], None],
-        failed: Callable[[str], None],
+        failed: Callable[[SpliceFailed], None],
         held: bytes | bytearray = b"",
         first: bytes = b"",
     ) -> None:
@@ -133,55 +155,63 @@ class SpliceTransfer:
         self.over = False
 
     def start(self) -> None:
-        self._pump(False)
+        self._pump()
 
     def cancel(self) -> None:
         """The connection closes: stop, and call neither callback."""
-        self.over = True
-        self._watch(_NOTHING)
+        if not self.over:
+            self.over = True
+            self._stop()
+
+    def _stop(self) -> None:
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            self._watch(_NOTHING)
+        self.link.close()
 
     def _watch(self, what: int) -> None:
         if what == self._watching:
             return
         link, loop = self.link, self.link.loop
         if self._watching == _READABLE:
-            loop.remove_reader(link.upstream)
+            loop.remove_reader(link.source)
         elif self._watching == _WRITABLE:
-            loop.remove_writer(link.client)
+            loop.remove_writer(link.sink)
         self._watching = what
         if what == _READABLE:
-            loop.add_reader(link.upstream, self._pump, True)
+            loop.add_reader(link.source, self._pump)
         elif what == _WRITABLE:
-            loop.add_writer(link.client, self._pump, False)
+            loop.add_writer(link.sink, self._pump)
 
-    def _pump(self, readable: bool) -> None:
+    def _pump(self) -> None:
         if self.over:
             return
         try:
-            wait = self._move(readable)
-        except (OSError, ValueError) as exc:
-            self._end(str(exc) or type(exc).__name__)
+            wait = self._move()
+            if wait:
+                self._watch(wait)
+                return
+        except SpliceFailed as exc:
+            self._end(exc)
             return
-        if wait:
-            self._watch(wait)
+        except (OSError, ValueError) as exc:  # a socket's error, a filter's SchemaError
+            self._end(SpliceFailed(str(exc) or type(exc).__name__, sink_side=False))
             return
         self._end(None)
 
-    def _end(self, error: str | None) -> None:
+    def _end(self, error: SpliceFailed | None) -> None:
         self.over = True
-        self._watch(_NOTHING)
+        self._stop()
         if error is None:
             self.done()
         else:
             self.failed(error)
 
-    def _move(self, readable: bool) -> int:
+    def _move(self) -> int:
         """Move what can move now: _NOTHING when all went out, else what to wait for. The pipe
         is filled before it is drained, as a streamed response goes out in 1 MiB writes: fewer,
         larger writes wake the client fewer times."""
         while True:
-            full = self._fill(readable)
-            readable = False
+            full = self._fill()
             if self.in_pipe and (full or not self.left):
                 if not self._drain():
                     return _WRITABLE  # the client's socket is full
@@ -193,7 +223,7 @@ class SpliceTransfer:
                 continue
             return _NOTHING
 
-    def _fill(self, readable: bool) -> bool:
+    def _fill(self) -> bool:
         """Into the pipe: bytes read before, then the broker's socket's, until it is empty or
         the pipe full. True when the pipe is full."""
         pipe_bytes = self.link.pipe_bytes
@@ -213,18 +243,19 @@ class SpliceTransfer:
             if self.in_pipe >= pipe_bytes:
                 return True
             if not self._take(pipe_bytes - self.in_pipe):
-                # Readable, yet nothing came: the pipe has no slot left (it counts pages, not
-                # bytes), as the socket is not empty.
-                return readable
-            readable = False
+                # Nothing came: the socket is empty, or the pipe has no slot left (it counts
+                # pages, not bytes) while bytes wait in the socket.
+                return bool(self.in_pipe) and _unread(self.link.source) > 0
 
     def _drain(self) -> bool:
         """The pipe into the client's socket: False when that is full first."""
         while self.in_pipe:
             try:
-                n = os.splice(self.link.pipe_out, self.link.client, self.in_pipe, flags=_FLAGS)
+                n = os.splice(self.link.pipe_out, self.link.sink, self.in_pipe, flags=_FLAGS)
             except BlockingIOError:
                 return False
+            except OSError as exc:
+                raise SpliceFailed(f"the client's socket: {exc}", sink_side=True) from exc
             self.in_pipe -= n
         return True
 
@@ -239,11 +270,11 @@ class SpliceTransfer:
                 span = 0
         if span:
             try:
-                n = os.splice(self.link.upstream, self.link.pipe_in, min(span, self.left, room), flags=_FLAGS)
+                n = os.splice(self.link.source, self.link.pipe_in, min(span, self.left, room), flags=_FLAGS)
             except BlockingIOError:
                 return False
             if not n:
-                raise ValueError(_closed_early(self.left))
+                raise SpliceFailed(_closed_early(self.left), sink_side=False)
             self.left -= n
             self.in_pipe += n
             self.spliced += n
@@ -251,11 +282,11 @@ class SpliceTransfer:
                 span_filter.skip(n)
             return True
         try:
-            data = os.read(self.link.upstream, min(READ_BYTES, self.left, room))
+            data = os.read(self.link.source, min(READ_BYTES, self.left, room))
         except BlockingIOError:
             return False
         if not data:
-            raise ValueError(_closed_early(self.left))
+            raise SpliceFailed(_closed_early(self.left), sink_side=False)
         self.left -= len(data)
         self.pending = self._passed(data)
         return True
@@ -284,3 +315,8 @@ class SpliceTransfer:
 
 def _closed_early(left: int) -> str:
     return f"the broker closed the connection {left} bytes before the response's end"
+
+
+def _unread(fd: int) -> int:
+    """Bytes waiting in a socket's receive queue (FIONREAD)."""
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]  # type: ignore[no-any-return]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Final
 from protocol.api_keys import PRODUCE_KEY
 from protocol.frames import SIZE, FrameError, FrameHead, Piece, parse_request_header
 from protocol.schema import SchemaError
-from proxy.net.splice import SPLICE_SUPPORTED, SpliceLink, SpliceTransfer, socket_fd
+from proxy.net.splice import SPLICE_SUPPORTED, SpliceFailed, SpliceLink, SpliceTransfer, socket_fd
 from proxy.pipeline.stages import InFlight, Request
 from proxy.pipeline.stages.base import WHOLE, StreamFilter
 from proxy.ratelog import RateLimitedLog
@@ -42,7 +42,6 @@ class FrameStreams:
         "conn",
         "filter",
         "held",
-        "link",
         "request_open",
         "response",
         "response_size",
@@ -58,7 +57,6 @@ class FrameStreams:
         self.filter: StreamFilter | None = None  # a stage's view of the response streamed
         self.held = bytearray()  # its bytes the filter holds back until the end
         self.can_splice = SPLICE_SUPPORTED and conn.server.cfg.splice_responses  # until tried
-        self.link: SpliceLink | None = None  # the pipe and descriptors, from the first splice
         self.transfer: SpliceTransfer | None = None  # the response being spliced
 
     def request_head(self, head: FrameHead) -> None:
@@ -135,27 +133,24 @@ class FrameStreams:
         """Hand the response over to the kernel (see the module docstring), its ``first`` bytes
         with it (one write to the client, not two); False when it cannot be."""
         conn = self.conn
-        link = self.link
-        if link is None:
-            upstream = conn.upstream
-            client_fd = socket_fd(conn.client)
-            upstream_fd = socket_fd(upstream) if upstream is not None else None
-            if client_fd is None or upstream_fd is None:
-                self.can_splice = False  # TLS on a side: it stays so for the connection
-                return False
-            try:
-                link = self.link = SpliceLink(conn.loop, upstream_fd, client_fd)
-            except OSError as exc:  # out of descriptors: streamed through user space
-                self.can_splice = False
-                conn.metrics.upstream_errors.labels("splice-unavailable").inc()
-                splice_log.log(
-                    logging.WARNING,
-                    "no-splice",
-                    "conn %d: responses stream through the proxy: %s",
-                    conn.id,
-                    exc,
-                )
-                return False
+        upstream = conn.upstream
+        client_fd = socket_fd(conn.client)
+        upstream_fd = socket_fd(upstream) if upstream is not None else None
+        if client_fd is None or upstream_fd is None:
+            self.can_splice = False  # TLS on a side: it stays so for the connection
+            return False
+        try:
+            link = SpliceLink(conn.loop, upstream_fd, client_fd)
+        except OSError as exc:  # out of descriptors or of pipe budget: copied this time
+            conn.metrics.upstream_errors.labels("splice-unavailable").inc()
+            splice_log.log(
+                logging.WARNING,
+                "no-splice",
+                "conn %d: a response streams through the proxy: %s",
+                conn.id,
+                exc,
+            )
+            return False
         left = conn.responses.hand_over()
         held = bytes(self.held)
         self.held.clear()
@@ -167,28 +162,37 @@ class FrameStreams:
         return True
 
     def _spliced(self) -> None:
+        """In an event loop callback: an error here must close the connection, not leave the
+        broker side paused for good (``ConnectionFlow.failed``)."""
+        conn = self.conn
         transfer = self.transfer
         assert transfer is not None
         self.transfer = None
         self.filter = None
-        self.conn.metrics.spliced_response_bytes.inc(transfer.spliced)
-        self._response_out()
-        self.conn.resume_upstream(_SPLICING)
+        try:
+            conn.resume_upstream(_SPLICING)
+            conn.metrics.spliced_response_bytes.inc(transfer.spliced)
+            self._response_out()
+        except Exception:
+            conn.failed("a spliced response's end")
 
-    def _splice_failed(self, reason: str) -> None:
+    def _splice_failed(self, error: SpliceFailed) -> None:
         self.transfer = None
         conn = self.conn
-        conn.metrics.upstream_errors.labels("splice").inc()
-        conn.close(f"a response could not be passed on whole: {reason}")
+        try:
+            if error.sink_side:  # the client went mid-response, as a streamed one's may
+                conn.close(f"client disconnected mid-response ({error})", level=logging.INFO)
+                return
+            conn.metrics.upstream_errors.labels("splice").inc()
+            conn.close(f"a response could not be passed on whole: {error}")
+        except Exception:
+            conn.failed("a spliced response's error")
 
     def close(self) -> None:
-        """The connection closes: a splice under way stops, the pipe and descriptors go."""
+        """The connection closes: a splice under way stops, its pipe and descriptors go."""
         if self.transfer is not None:
             self.transfer.cancel()
             self.transfer = None
-        if self.link is not None:
-            self.link.close()
-            self.link = None
 
     def _passed(self, data: bytes | memoryview) -> bytes | memoryview:
         """What of ``data`` may go out now; the filter's share is held."""

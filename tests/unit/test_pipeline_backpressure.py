@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from proxy.net import splice
 from proxy.net.splice import SPLICE_SUPPORTED
 from proxy.pipeline.connection import WRITE_BUFFER_HIGH
 from tests.tools import unavailable
@@ -61,3 +62,22 @@ def test_slow_client_pauses_upstream(harness: Harness) -> None:
     assert got == bytes(stub.sent)
     moved = harness.server.metrics.spliced_response_bytes._value.get()
     assert moved > (REQUESTS * RESPONSE_BYTES) * 0.9 if spliced else moved == 0
+
+
+def test_past_the_pipe_budget_responses_are_copied_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipe refused (the user's pipe budget spent: a page or two a pipe) leaves the response to
+    stream through the proxy, every byte of it, and says so."""
+    if not SPLICE_SUPPORTED:
+        unavailable("splice(2) is Linux's")
+    monkeypatch.setattr(splice, "MIN_PIPE_BYTES", splice.PIPE_BYTES * 2)
+    stub = StubUpstream()
+    stub.replies[:] = [bytes([i + 1]) * RESPONSE_BYTES for i in range(4)]
+    with proxy_in_front_of(stub.handle) as (_loop, port, server):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(b"".join(_list_offsets_request(i) for i in range(4)))
+            got = recv_exactly(sock, 4 * (8 + RESPONSE_BYTES))
+        refused = server.metrics.upstream_errors.labels("splice-unavailable")._value.get()
+        moved = server.metrics.spliced_response_bytes._value.get()
+    assert got == bytes(stub.sent)
+    assert refused == 4
+    assert moved == 0

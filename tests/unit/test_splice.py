@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import os
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +22,8 @@ from protocol import messages
 from protocol.api_keys import ApiKey
 from protocol.frames import encode_response_header
 from protocol.node_endpoints import TailFinder, tail_of, withhold_node_endpoints
-from proxy.net.splice import SPLICE_SUPPORTED, SpliceLink, SpliceTransfer
+from proxy.net import splice
+from proxy.net.splice import SPLICE_SUPPORTED, PipeTooSmall, SpliceFailed, SpliceLink, SpliceTransfer
 from tests.tools import unavailable
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
@@ -103,15 +106,19 @@ def _transfer(
         link = SpliceLink(loop, sockets.upstream.fileno(), sockets.client.fileno())
         ended: asyncio.Future[None] = loop.create_future()
 
-        def failed(reason: str) -> None:
-            ended.set_exception(ConnectionError(reason))
+        def failed(error: SpliceFailed) -> None:
+            side = "client" if error.sink_side else "broker"
+            ended.set_exception(ConnectionError(f"{side}: {error}"))
 
         transfer = SpliceTransfer(link, left, span_filter, lambda: ended.set_result(None), failed, held)
+        transfer.start()
         try:
-            transfer.start()
             await asyncio.wait_for(ended, 20)
+        except TimeoutError:
+            transfer.cancel()
+            raise
         finally:
-            link.close()
+            assert link.closed  # the transfer's own: closed at its end, done or failed
         return transfer
 
     return loop.run_until_complete(run())
@@ -246,7 +253,7 @@ def test_a_broker_that_leaves_mid_response_fails_the_transfer(
     """The client got part of a response: the pipeline closes its connection on this."""
     sockets.broker.sendall(b"x" * 100_000)
     sockets.broker.shutdown(socket.SHUT_WR)
-    with pytest.raises(ConnectionError, match="closed the connection 900000 bytes before"):
+    with pytest.raises(ConnectionError, match="broker: the broker closed the connection 900000 bytes before"):
         _transfer(loop, sockets, 1_000_000)
 
 
@@ -258,7 +265,7 @@ def test_a_cancelled_transfer_calls_nothing_back(loop: asyncio.AbstractEventLoop
         transfer = SpliceTransfer(link, 1000, None, lambda: calls.append("done"), calls.append)
         transfer.start()  # nothing has come: it waits on the broker's socket
         transfer.cancel()
-        link.close()
+        assert link.closed
         sockets.broker.sendall(b"y" * 1000)
         await asyncio.sleep(0.05)
 
@@ -292,4 +299,42 @@ def test_a_pipe_out_of_slots_before_bytes_is_drained(
     loop.run_until_complete(run())
     assert reader.result() == body
     assert _left_in(sockets.upstream, len(NEXT)) == NEXT
+    sender.join(5)
+
+
+def test_a_client_that_leaves_mid_response_is_told_apart(
+    loop: asyncio.AbstractEventLoop, sockets: Sockets
+) -> None:
+    """The pipeline closes quietly for a client that left, as for a streamed response's."""
+    sender = _send(sockets.broker, b"z" * 3_000_000)
+    sockets.reader.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sockets.reader.close()  # a reset: the client's socket errors on the next write
+    with pytest.raises(ConnectionError, match="client: the client's socket"):
+        _transfer(loop, sockets, 3_000_000)
+    sender.join(5)
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_pipe_below_its_floor_is_refused_and_leaks_nothing(
+    loop: asyncio.AbstractEventLoop, sockets: Sockets, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the user's pipe budget a new pipe gets a page or two: the link is refused (the
+    response is copied instead), and its descriptors are closed."""
+    monkeypatch.setattr(splice, "MIN_PIPE_BYTES", splice.PIPE_BYTES * 2)
+    before = _open_descriptors()
+    with pytest.raises(PipeTooSmall):
+        SpliceLink(loop, sockets.upstream.fileno(), sockets.client.fileno())
+    assert _open_descriptors() == before
+
+
+def test_a_transfer_closes_its_link(loop: asyncio.AbstractEventLoop, sockets: Sockets) -> None:
+    before = _open_descriptors()
+    sender = _send(sockets.broker, b"w" * 200_000)
+    reader = Reader(sockets.reader, 200_000)
+    _transfer(loop, sockets, 200_000)
+    assert reader.result() == b"w" * 200_000
+    assert _open_descriptors() == before
     sender.join(5)
