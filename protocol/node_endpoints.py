@@ -151,10 +151,7 @@ class TailFinder:
                 need = walk.send(piece)
         except StopIteration as exc:  # pragma: no cover - the walks end by yielding 0
             raise SchemaError("response walk ended early") from exc
-        self._need = need
-        self.consumed += pos
-        if not need:
-            self.tail_at = self.consumed
+        self._went_by(pos, need)
         return pos
 
     def skippable(self) -> int:
@@ -174,6 +171,10 @@ class TailFinder:
                 need = self._walk.send(None)
             except StopIteration as exc:  # pragma: no cover - the walks end by yielding 0
                 raise SchemaError("response walk ended early") from exc
+        self._went_by(n, need)
+
+    def _went_by(self, n: int, need: int) -> None:
+        """``n`` more of the frame's bytes went by, and the walk now asks for ``need``."""
         self._need = need
         self.consumed += n
         if not need:

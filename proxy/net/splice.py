@@ -46,7 +46,8 @@ _WRITABLE: Final = 2
 
 
 class SpanFilter(Protocol):
-    """What a stage that follows a streamed response offers for splicing (see StreamFilter)."""
+    """A stage's view of a streamed response (``StreamFilter`` in proxy/pipeline/stages/base.py,
+    whose calls these are; the pipeline's layer is above this one)."""
 
     def feed(self, data: memoryview | bytes) -> int: ...
 
@@ -55,6 +56,23 @@ class SpanFilter(Protocol):
     def skippable(self) -> int: ...
 
     def skip(self, n: int) -> None: ...
+
+
+def let_out(
+    stream_filter: SpanFilter | None, held: bytearray, data: bytes | memoryview
+) -> bytes | memoryview:
+    """What of a streamed response's next bytes may go out now. The filter's share, and once it
+    holds any, everything after it, is added to ``held``: it goes out after ``finish``."""
+    if stream_filter is None:
+        return data
+    if held:
+        held += data
+        return b""
+    n = stream_filter.feed(data)
+    if n < len(data):
+        held += data[n:]
+        return data[:n]
+    return data
 
 
 def socket_fd(transport: asyncio.BaseTransport) -> int | None:
@@ -147,7 +165,7 @@ class SpliceTransfer:
         self.done = done
         self.failed = failed
         self.in_pipe = 0
-        self.pending = first  # read into user space, still to be written into the pipe
+        self.pending: bytes | memoryview = first  # read into user space, still to be written into the pipe
         self.held = bytearray(held)  # what the filter holds back until its end
         self.finished = span_filter is None
         self.spliced = 0  # bytes moved without a copy
@@ -288,22 +306,8 @@ class SpliceTransfer:
         if not data:
             raise SpliceFailed(_closed_early(self.left), sink_side=False)
         self.left -= len(data)
-        self.pending = self._passed(data)
+        self.pending = let_out(span_filter, self.held, data)
         return True
-
-    def _passed(self, data: bytes) -> bytes:
-        """What of ``data`` may go out now; the filter's share is held (as FrameStreams does)."""
-        span_filter = self.filter
-        if span_filter is None:
-            return data
-        if self.held:
-            self.held += data
-            return b""
-        n = span_filter.feed(data)
-        if n < len(data):
-            self.held += data[n:]
-            return data[:n]
-        return data
 
     def _finish_filter(self) -> None:
         assert self.filter is not None

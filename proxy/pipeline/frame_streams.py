@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Final
 from protocol.api_keys import PRODUCE_KEY
 from protocol.frames import SIZE, FrameError, FrameHead, Piece, parse_request_header
 from protocol.schema import SchemaError
-from proxy.net.splice import SPLICE_SUPPORTED, SpliceFailed, SpliceLink, SpliceTransfer, socket_fd
+from proxy.net.splice import SPLICE_SUPPORTED, SpliceFailed, SpliceLink, SpliceTransfer, let_out, socket_fd
 from proxy.pipeline.stages import InFlight, Request
 from proxy.pipeline.stages.base import WHOLE, StreamFilter
 from proxy.ratelog import RateLimitedLog
@@ -120,7 +120,7 @@ class FrameStreams:
         self.response = entry
         self.response_size = head.size
         self.filter = chosen
-        first = self._passed(data)
+        first = let_out(self.filter, self.held, data)
         if (
             self.can_splice
             and not conn.client.get_write_buffer_size()
@@ -194,23 +194,10 @@ class FrameStreams:
             self.transfer.cancel()
             self.transfer = None
 
-    def _passed(self, data: bytes | memoryview) -> bytes | memoryview:
-        """What of ``data`` may go out now; the filter's share is held."""
-        if self.filter is None:
-            return data
-        if self.held:
-            self.held += data
-            return b""
-        n = self.filter.feed(data)
-        if n < len(data):
-            self.held += data[n:]
-            return data[:n]
-        return data
-
     def response_piece(self, piece: Piece) -> None:
         conn = self.conn
         try:
-            data = self._passed(piece.data)
+            data = let_out(self.filter, self.held, piece.data)
         except SchemaError as exc:
             conn.metrics.upstream_errors.labels("undecodable-response").inc()
             conn.close(f"cannot follow a streamed response: {exc}")
