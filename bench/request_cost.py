@@ -78,6 +78,8 @@ RATE = 590  # requests/s: small_5k's 5,000 msg/s at 8.5 records a request
 FETCH_BATCH_BYTES = 16384  # a bulk producer's batch, as the consumer reads it back
 FETCH_PARTITION_BYTES = 1 << 20  # the consumer's max.partition.fetch.bytes, filled
 TOPIC_ID = uuid.UUID(int=0x6B746872).bytes
+TOPIC = "bench"
+METADATA = 3
 
 
 def produce_frames() -> tuple[bytes, bytes]:
@@ -178,6 +180,25 @@ class Tls:
         }
 
 
+def metadata_answer(version: int, correlation: bytes, address: tuple[str, int]) -> bytes:
+    """A Metadata response naming the topic of the bench's requests, from the one broker at
+    ``address``: what a broker tells kthrottle's topic id lookup (the requests name the topic by
+    id), so that the proxy learns it once, as it does beside a real broker."""
+    partitions = [
+        {"partition_index": i, "leader_id": 0, "replica_nodes": [0], "isr_nodes": [0]}
+        for i in range(PARTITIONS)
+    ]
+    body = {
+        "brokers": [{"node_id": 0, "host": address[0], "port": address[1]}],
+        "cluster_id": "bench",
+        "controller_id": 0,
+        "topics": [{"name": TOPIC, "topic_id": TOPIC_ID, "partitions": partitions}],
+    }
+    frame = encode_response_header(METADATA, version, int.from_bytes(correlation, "big"))
+    frame += messages.encode(METADATA, version, body, response=True)
+    return struct.pack(">i", len(frame)) + frame
+
+
 class Responder:
     """The broker's part: answers every request frame on every connection with ``response``, its
     correlation id copied (over TLS when given a server context)."""
@@ -213,9 +234,15 @@ class Responder:
                 size = int.from_bytes(buffer[:4], "big")
                 if len(buffer) < 4 + size:
                     break
-                answer[4:8] = buffer[8:12]  # the request's correlation id
+                if int.from_bytes(buffer[4:6], "big") == METADATA:
+                    # the proxy's own lookup of the topic id the requests name
+                    conn.sendall(
+                        metadata_answer(int.from_bytes(buffer[6:8], "big"), bytes(buffer[8:12]), self.address)
+                    )
+                else:
+                    answer[4:8] = buffer[8:12]  # the request's correlation id
+                    conn.sendall(answer)
                 del buffer[: 4 + size]
-                conn.sendall(answer)
 
 
 def drive(
