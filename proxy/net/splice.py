@@ -169,6 +169,9 @@ class SpliceTransfer:
         self.held = bytearray(held)  # what the filter holds back until its end
         self.finished = span_filter is None
         self.spliced = 0  # bytes moved without a copy
+        # A skippable span is spliced from its start to its end: what is left of one begun is
+        # spliced however little (the threshold decides where to begin, not where to stop).
+        self.mid_span = False
         self._watching = _NOTHING
         self.over = False
 
@@ -284,7 +287,7 @@ class SpliceTransfer:
             span = self.left
         else:  # once the filter holds bytes back, it sees all the rest
             span = 0 if self.held else span_filter.skippable()
-            if span < SPLICE_FROM_BYTES:
+            if span < SPLICE_FROM_BYTES and not self.mid_span:
                 span = 0
         if span:
             try:
@@ -298,6 +301,7 @@ class SpliceTransfer:
             self.spliced += n
             if span_filter is not None:
                 span_filter.skip(n)
+                self.mid_span = n < span
             return True
         try:
             data = os.read(self.link.source, min(READ_BYTES, self.left, room))

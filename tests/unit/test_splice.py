@@ -10,6 +10,7 @@ import fcntl
 import os
 import socket
 import struct
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -223,6 +224,55 @@ def test_the_filter_sees_all_it_does_not_skip_and_finishes_the_tail(
     assert head + reader.result() == bytes(expected)
     assert b"broker-1.internal" not in reader.result()
     assert transfer.spliced >= 3 * (400 * 1024 - 4096)  # the records, less what came with a header
+    assert span_filter.fed + transfer.spliced == len(rest)
+    assert _left_in(sockets.upstream, len(NEXT)) == NEXT
+    sender.join(5)
+
+
+def _send_in_two(sockets: Sockets, data: bytes, split: int) -> threading.Thread:
+    """Sends ``data[:split]``, waits until the proxy's side has taken all of it (nothing in the
+    broker's send queue nor in the proxy's receive queue), then sends the rest."""
+
+    def send() -> None:
+        sockets.broker.sendall(data[:split])
+        deadline = time.monotonic() + 5
+        while _unread(sockets.upstream) or _unsent(sockets.broker):
+            assert time.monotonic() < deadline, "the transfer did not take the first part"
+            time.sleep(0.001)
+        sockets.broker.sendall(data[split:])
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+def _unread(sock: socket.socket) -> int:
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]  # type: ignore[no-any-return]
+
+
+def _unsent(sock: socket.socket) -> int:
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]  # type: ignore[no-any-return]
+
+
+def test_the_rest_of_a_span_begun_is_spliced_however_short(
+    loop: asyncio.AbstractEventLoop, sockets: Sockets
+) -> None:
+    """The broker's bytes stop 10 KiB before a partition's records end, and the rest comes
+    later: the rest is spliced too (under SPLICE_FROM_BYTES, but a span already begun), not
+    read through the proxy 4 KiB at a time."""
+    records_bytes = 400 * 1024
+    frame = _fetch_response(1, records_bytes)
+    expected = bytearray(frame)
+    assert withhold_node_endpoints(tail_of(ApiKey.FETCH, 17, expected))
+    head, rest = frame[:512], frame[512:]
+    records_end = rest.find(bytes(i % 251 for i in range(records_bytes))) + records_bytes
+    span_filter = TailFilter(ApiKey.FETCH, 17, head)
+    sender = _send_in_two(sockets, rest + NEXT, records_end - 10 * 1024)
+    reader = Reader(sockets.reader, len(rest))
+    transfer = _transfer(loop, sockets, len(rest), span_filter)
+    assert head + reader.result() == bytes(expected)
+    # The filter read the partition's header with the records' first bytes, and the tail.
+    assert span_filter.fed < 2 * splice.READ_BYTES
     assert span_filter.fed + transfer.spliced == len(rest)
     assert _left_in(sockets.upstream, len(NEXT)) == NEXT
     sender.join(5)
