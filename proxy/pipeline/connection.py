@@ -19,6 +19,8 @@ from typing import Any, Final
 from protocol import messages
 from protocol.api_keys import api_name
 from protocol.frames import (
+    STREAM_CHUNK_BYTES,
+    TLS_STREAM_CHUNK_BYTES,
     FrameDecoder,
     FrameError,
     FrameHead,
@@ -121,8 +123,12 @@ class Pipeline(ConnectionFlow):
         self.address = parse_address(peer[0] if isinstance(peer, tuple) else None)
         # Large frames are offered for streaming: forwarded as their bytes arrive when no stage
         # needs more of them than their first bytes.
-        self.requests = FrameDecoder(server.cfg.max_frame_bytes, stream_from=stream_from)
-        self.responses = FrameDecoder(server.cfg.max_frame_bytes, stream_from=stream_from)
+        # Smaller buffers when either link is TLS (decrypted into, encrypted from: see frames.py).
+        tls = client.get_extra_info("ssl_object") is not None or server.upstream_ssl() is not None
+        chunk = TLS_STREAM_CHUNK_BYTES if tls else STREAM_CHUNK_BYTES
+        limit = server.cfg.max_frame_bytes
+        self.requests = FrameDecoder(limit, stream_from=stream_from, stream_chunk_bytes=chunk)
+        self.responses = FrameDecoder(limit, stream_from=stream_from, stream_chunk_bytes=chunk)
         self.streams = FrameStreams(self)
         self.in_flight: deque[InFlight] = deque()
         self._unread = 0  # bytes the client sent before the upstream connection was asked for

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import struct
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol.frames import (
     PREFIXES_CACHED_UP_TO,
     STREAM_CHUNK_BYTES,
+    TLS_STREAM_CHUNK_BYTES,
     FrameDecoder,
     FrameHead,
     Piece,
@@ -128,11 +130,12 @@ def test_streamed_and_gathered_frames_come_out_whole_and_in_order(
     assert all(bytes(view) == seen for view, seen in pieces)  # never written over afterwards
 
 
-def test_a_streamed_frame_holds_one_chunk_not_the_whole_frame() -> None:
-    """Pieces come out one per STREAM_CHUNK_BYTES buffer filled (and the last at the frame's end), and the
-    decoder never holds more than that buffer, however large the frame."""
+@pytest.mark.parametrize("chunk", [STREAM_CHUNK_BYTES, TLS_STREAM_CHUNK_BYTES])
+def test_a_streamed_frame_holds_one_chunk_not_the_whole_frame(chunk: int) -> None:
+    """Pieces come out one per ``stream_chunk_bytes`` buffer filled (and the last at the frame's end), and
+    the decoder never holds more than that buffer, however large the frame."""
     size = 10 * 1024 * 1024
-    dec = FrameDecoder(stream_from=64 * 1024)
+    dec = FrameDecoder(stream_from=64 * 1024, stream_chunk_bytes=chunk)
     first = dec.get_buffer()
     first[:4] = struct.pack(">i", size)
     first[4:1004] = b"h" * 1000
@@ -142,13 +145,13 @@ def test_a_streamed_frame_holds_one_chunk_not_the_whole_frame() -> None:
     left, pieces = size - 1000, []
     while left:
         target = dec.get_buffer()
-        assert len(target) <= STREAM_CHUNK_BYTES
+        assert len(target) <= chunk
         n = min(len(target), 100_000, left)
         left -= n
         pieces += dec.written(n)
-        assert dec.allocated <= STREAM_CHUNK_BYTES
+        assert dec.allocated <= chunk
     assert all(isinstance(p, Piece) for p in pieces)
-    assert [len(p.data) for p in pieces[:-1]] == [STREAM_CHUNK_BYTES] * (len(pieces) - 1)
+    assert [len(p.data) for p in pieces[:-1]] == [chunk] * (len(pieces) - 1)
     assert sum(len(p.data) for p in pieces) == size - 1000
     assert [p.last for p in pieces] == [False] * (len(pieces) - 1) + [True]
     assert not dec.mid_frame
