@@ -194,7 +194,7 @@ def metadata_answer(version: int, correlation: bytes, address: tuple[str, int]) 
         "controller_id": 0,
         "topics": [{"name": TOPIC, "topic_id": TOPIC_ID, "partitions": partitions}],
     }
-    frame = encode_response_header(METADATA, version, int.from_bytes(correlation, "big"))
+    frame = encode_response_header(METADATA, version, int.from_bytes(correlation, "big", signed=True))
     frame += messages.encode(METADATA, version, body, response=True)
     return struct.pack(">i", len(frame)) + frame
 

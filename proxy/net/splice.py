@@ -31,7 +31,8 @@ from typing import Final, Protocol
 
 SPLICE_SUPPORTED: Final = hasattr(os, "splice")
 # A span the filter skips is spliced from this length; a shorter one is read with what is
-# around it (a splice per few bytes would cost more than the copy it saves).
+# around it (a splice per few bytes would cost more than the copy it saves). The rest of a span
+# begun is spliced however short.
 SPLICE_FROM_BYTES: Final = 16 * 1024
 READ_BYTES: Final = 4096  # read at a time where the filter looks at the bytes
 PIPE_BYTES: Final = 1024 * 1024  # Linux's default pipe-max-size

@@ -236,7 +236,9 @@ def _send_in_two(sockets: Sockets, data: bytes, split: int) -> threading.Thread:
     def send() -> None:
         sockets.broker.sendall(data[:split])
         deadline = time.monotonic() + 5
-        while _unread(sockets.upstream) or _unsent(sockets.broker):
+        # Nothing unacknowledged first: then all of it is in the proxy's receive queue or taken,
+        # and a receive queue found empty after that means taken.
+        while _unsent(sockets.broker) or _unread(sockets.upstream):
             assert time.monotonic() < deadline, "the transfer did not take the first part"
             time.sleep(0.001)
         sockets.broker.sendall(data[split:])
@@ -265,7 +267,9 @@ def test_the_rest_of_a_span_begun_is_spliced_however_short(
     expected = bytearray(frame)
     assert withhold_node_endpoints(tail_of(ApiKey.FETCH, 17, expected))
     head, rest = frame[:512], frame[512:]
-    records_end = rest.find(bytes(i % 251 for i in range(records_bytes))) + records_bytes
+    records_start = frame.find(bytes(i % 251 for i in range(records_bytes)))
+    assert 0 < records_start < len(head)  # the records begin in the head: the splice begins the span
+    records_end = records_start + records_bytes - len(head)
     span_filter = TailFilter(ApiKey.FETCH, 17, head)
     sender = _send_in_two(sockets, rest + NEXT, records_end - 10 * 1024)
     reader = Reader(sockets.reader, len(rest))
