@@ -45,8 +45,8 @@ class FrameTooLarge(FrameError):
 # response only once it is whole, and a frame's last piece goes out as soon as it arrives.
 STREAM_CHUNK_BYTES: Final = 1024 * 1024
 # Over TLS the same buffer is decrypted into and encrypted from (and the transport's copies of it
-# follow): a quarter of the size keeps it in the core's cache between the two, 6% less CPU per GB
-# of TLS fetches than 1 MiB (bench/request_cost.py --workload fetch --tls --baseline).
+# follow): a quarter of the size keeps it in the core's cache between the two, 1-6% less CPU per GB
+# of TLS fetches than 1 MiB in five runs (bench/request_cost.py --workload fetch --tls --baseline).
 TLS_STREAM_CHUNK_BYTES: Final = 256 * 1024
 
 # Scratch buffers a decoder gave back when it held nothing, for the next one that needs one: a
