@@ -68,6 +68,7 @@ from dev.harness import free_port
 from dev.loadgen import record_batch
 from dev.proxy_process import REPO, ProxyProcess
 from protocol import messages
+from protocol.api_keys import ApiKey
 from protocol.frames import RequestHeader, encode_request_header, encode_response_header
 
 VERSION = 13  # the Java 4.1 producer's Produce version
@@ -79,7 +80,7 @@ FETCH_BATCH_BYTES = 16384  # a bulk producer's batch, as the consumer reads it b
 FETCH_PARTITION_BYTES = 1 << 20  # the consumer's max.partition.fetch.bytes, filled
 TOPIC_ID = uuid.UUID(int=0x6B746872).bytes
 TOPIC = "bench"
-METADATA = 3
+METADATA = ApiKey.METADATA
 
 
 def produce_frames() -> tuple[bytes, bytes]:

@@ -138,8 +138,9 @@ class FrameDecoder:
     instead: ``written`` ends with a ``FrameHead`` (its size and first ``head_bytes``), and the
     caller may take it with ``stream()``. The rest of the frame then comes out as ``Piece``s, one
     per ``stream_chunk_bytes`` buffer filled (fewer, larger writes) and the last at the frame's
-    end, each a view the decoder never writes into again (safe to hand to a transport that keeps it) until the
-    caller says all were written out (``reuse_chunk``). Not taken, the frame is gathered whole.
+    end, each a view the decoder never writes into again (safe to hand to a transport that keeps
+    it) until the caller says all were written out (``reuse_chunk``). Not taken, the frame is
+    gathered whole.
     """
 
     __slots__ = (

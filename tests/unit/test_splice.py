@@ -238,7 +238,7 @@ def _send_in_two(sockets: Sockets, data: bytes, split: int) -> threading.Thread:
         deadline = time.monotonic() + 5
         # Nothing unacknowledged first: then all of it is in the proxy's receive queue or taken,
         # and a receive queue found empty after that means taken.
-        while _unsent(sockets.broker) or _unread(sockets.upstream):
+        while _unsent(sockets.broker) or splice._unread(sockets.upstream.fileno()):
             assert time.monotonic() < deadline, "the transfer did not take the first part"
             time.sleep(0.001)
         sockets.broker.sendall(data[split:])
@@ -246,10 +246,6 @@ def _send_in_two(sockets: Sockets, data: bytes, split: int) -> threading.Thread:
     thread = threading.Thread(target=send, daemon=True)
     thread.start()
     return thread
-
-
-def _unread(sock: socket.socket) -> int:
-    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]  # type: ignore[no-any-return]
 
 
 def _unsent(sock: socket.socket) -> int:
