@@ -137,12 +137,16 @@ def _mutation(key: int, version: int, body: dict[str, Any], selector: int) -> No
     messages.decode_response(key, version, messages.encode_response(key, version, local))
 
 
-def _fetch(frame: bytearray, offset: int, version: int, body: dict[str, Any], selector: int) -> None:
+def _fetch(frame: bytes | bytearray, offset: int, version: int, body: dict[str, Any], selector: int) -> None:
     info = fetch_request_info(version, body)
     before = _plain(body)
     cap = selector * 7
-    if cap_fetch_max_bytes(version, frame, offset, cap):
-        after = messages.decode_request(ApiKey.FETCH, version, memoryview(frame)[offset:])
+    original = bytes(frame)
+    capped = cap_fetch_max_bytes(version, frame, offset, cap)
+    if frame != original:
+        raise InvariantError("capping fetch max_bytes changed the frame it was given")
+    if capped is not None:
+        after = messages.decode_request(ApiKey.FETCH, version, memoryview(capped)[offset:])
         if after.get("max_bytes") != max(cap, 1):
             raise InvariantError("fetch max_bytes not capped")
         after["max_bytes"] = before.get("max_bytes")

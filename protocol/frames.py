@@ -7,26 +7,27 @@ A size prefix over the limit is rejected before anything is allocated for it.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any, Final
 
 from mypy_extensions import i64
 
 from protocol.api_keys import is_known_key
-from protocol.schema import Buffer, SchemaError, skip_tagged_fields, write_uvarint
+from protocol.schema import Buffer, SchemaError, int16_at, int32_at, skip_tagged_fields, write_uvarint
 from protocol.versions import header_flexible, request_header_version, response_header_version
 
 SIZE: Final = struct.Struct(">i")
 _REQ_FIXED: Final = struct.Struct(">hhi")
-_REQ_HEAD: Final = struct.Struct(">hhih")  # and the client id's length
 # Bound once: compiled, ``SIZE.unpack_from(...)`` looks the method up on its Struct at every call
 # (a type lookup and a method object made); a bound method is called straight.
 pack_size: Final = SIZE.pack
 unpack_size_from: Final = SIZE.unpack_from
-_unpack_request_head: Final = _REQ_HEAD.unpack_from
-_unpack_head_and_empty_id: Final = struct.Struct(">hhih0s").unpack_from
 _NO_TAGS: Final = b"\x00"  # an empty tagged-field section
 PREFIXES_CACHED_UP_TO: Final = 16 * 1024
 _prefixes: Final[list[bytes | None]] = [None] * (PREFIXES_CACHED_UP_TO + 1)
+_payload_readers: Final[list[Callable[[bytearray, int], tuple[bytes]] | None]] = [None] * (
+    PREFIXES_CACHED_UP_TO + 1
+)
 _I16: Final = struct.Struct(">h")
 DEFAULT_MAX_FRAME_BYTES: Final = 100 * 1024 * 1024  # the broker's socket.request.max.bytes
 
@@ -269,7 +270,7 @@ class FrameDecoder:
             begin = self._start + 4
             have = self._end - begin
             if have >= size:
-                frames.append(scratch[begin : begin + size])
+                frames.append(_payload_at(scratch, begin, size))
                 self._start = begin + size
                 continue
             if self.stream_from and size >= self.stream_from:
@@ -377,6 +378,19 @@ def frame(payload: Buffer) -> bytes:
     return SIZE.pack(len(payload)) + bytes(payload)
 
 
+def _payload_at(scratch: bytearray, begin: int, size: int) -> bytes:
+    """A frame's payload in a scratch buffer, copied out as ``bytes`` (what every parser then
+    reads natively, compiled). By a ``Struct`` of that size, made once for each size met: one
+    call and a copy, where a view sliced and copied out costs three calls and two objects."""
+    if size <= PREFIXES_CACHED_UP_TO:
+        unpack = _payload_readers[size]
+        if unpack is None:
+            unpack = _payload_readers[size] = struct.Struct(f"{size}s").unpack_from
+        found: tuple[bytes] = unpack(scratch, begin)
+        return found[0]
+    return memoryview(scratch)[begin : begin + size].tobytes()
+
+
 def size_prefix(size: int) -> bytes:
     """A frame's 4-byte size prefix. Those of frames up to PREFIXES_CACHED_UP_TO bytes are made
     once each and kept: a call into ``struct`` and a new object for every small frame cost more
@@ -424,70 +438,74 @@ class RequestHeader:
 
 class LastClientId:
     """The client id a connection sent last, its bytes and its text: nearly every request repeats
-    it. ``unpack_head`` reads a header's fixed fields and, at once, as many bytes after them as
-    that id has: when the length and the bytes match, the text is reused, with no slice, decode
-    or second call into ``struct``."""
+    it, and its text is then reused with no decode."""
 
-    __slots__ = ("raw", "text", "unpack_head")
+    __slots__ = ("raw", "text")
 
     def __init__(self) -> None:
         self.raw = b""
         self.text = ""
-        self.unpack_head = _unpack_head_and_empty_id
 
-    def remember(self, raw: bytes, text: str) -> None:
-        self.raw, self.text = raw, text
-        self.unpack_head = struct.Struct(f">hhih{len(raw)}s").unpack_from
+
+# A request header is read from a copy of at most this much of a frame that is not ``bytes`` (a
+# large frame's buffer, a streamed frame's head): a client id is at most 32,767 bytes.
+HEADER_PEEK_BYTES: Final = 64 * 1024
 
 
 def parse_request_header(payload: Buffer, last: LastClientId | None = None) -> RequestHeader:
     """Read the request header; unknown api keys and truncation raise FrameError. ``last``: the
     connection's last client id, read again without a decode when the bytes are the same."""
-    size = len(payload)
+    if isinstance(payload, bytes):
+        return _parse_request_header(payload, len(payload), last)
+    return _parse_request_header(bytes(payload[:HEADER_PEEK_BYTES]), len(payload), last)
+
+
+def _parse_request_header(buf: bytes, size: i64, last: LastClientId | None) -> RequestHeader:
+    """The header at the start of ``buf``, the first bytes of a ``size``-byte frame. Over
+    ``bytes``, compiled, each field is read natively: no call into ``struct``, no tuple."""
     if size < 10:
         raise FrameError(f"request of {size} bytes is too short for a header")
-    client_id: str | None = None
-    if last is not None and size >= 10 + len(last.raw):
-        # Typed: compiled, what a Struct returns is an object, and every use of it a generic call.
-        with_id: tuple[int, int, int, int, bytes] = last.unpack_head(payload, 0)
-        api_key, api_version, correlation_id, n, raw_id = with_id
-        if n == len(raw_id) and raw_id == last.raw:
-            client_id = last.text
-    else:
-        fixed: tuple[int, int, int, int] = _unpack_request_head(payload, 0)
-        api_key, api_version, correlation_id, n = fixed
+    api_key = int16_at(buf, 0)
+    api_version = int16_at(buf, 2)
+    correlation_id = int32_at(buf, 4)
+    n = int16_at(buf, 8)
     if not is_known_key(api_key):
         raise FrameError(f"unknown api key {api_key}")
     if api_version < 0:
         raise FrameError(f"negative api version {api_version}")
-    pos = 10
+    pos: i64 = 10
+    client_id: str | None = None
     if n >= 0:
         if pos + n > size:
             raise FrameError("truncated client id")
-        if client_id is None:
-            raw = bytes(payload[pos : pos + n])
+        if pos + n > len(buf):
+            raise FrameError(f"request header longer than {HEADER_PEEK_BYTES} bytes")
+        raw = buf[pos : pos + n]
+        if last is not None and raw == last.raw:
+            client_id = last.text
+        else:
             try:
                 client_id = str(raw, "utf-8")
             except UnicodeDecodeError as exc:
                 raise FrameError("client id is not UTF-8") from exc
             if last is not None:
-                last.remember(raw, client_id)
+                last.raw, last.text = raw, client_id
         pos += n
     elif n != -1:
         raise FrameError(f"invalid client id length {n}")
     header = RequestHeader(api_key, api_version, correlation_id, client_id, pos)
     if header_flexible(api_key, api_version):
-        if pos < len(payload) and payload[pos] == 0:
+        if pos < len(buf) and buf[pos] == 0:
             header.size = pos + 1  # no tagged fields, as nearly every client sends
             header.tagged = _NO_TAGS
             return header
         start = pos
         try:
-            pos = skip_tagged_fields(payload, pos)
+            end = skip_tagged_fields(buf, pos)
         except SchemaError as exc:
             raise FrameError(f"bad request header tagged fields: {exc}") from exc
-        header.size = pos
-        header.tagged = bytes(payload[start:pos])
+        header.size = end
+        header.tagged = buf[start:end]
     return header
 
 

@@ -288,9 +288,12 @@ def node_endpoints_at(tail: bytes | bytearray | memoryview) -> tuple[int, int] |
 def has_node_endpoints(api_key: int, version: int, frame: bytes | bytearray | memoryview) -> bool:
     """Whether a whole Produce or Fetch response frame ends with NodeEndpoints: ``tail_of`` and
     ``node_endpoints_at`` in one walk over one copy (asked of nearly every such response)."""
-    if len(frame) > TAIL_COPY_LIMIT:
+    if isinstance(frame, bytes):
+        buf = frame  # the decoder's frames are: walked with no copy
+    elif len(frame) > TAIL_COPY_LIMIT:
         return node_endpoints_at(tail_of(api_key, version, frame)) is not None
-    buf = bytes(frame)
+    else:
+        buf = bytes(frame)
     return _endpoints_in(buf, _tail_at(api_key, version, buf)) is not None
 
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 import struct
 from typing import Final
 
+from mypy_extensions import i64
+
 from protocol.partition_bytes import PartitionBytes
-from protocol.schema import Buffer, SchemaError, read_uvarint, skip_tagged_fields
+from protocol.schema import Buffer, SchemaError, int16_at, read_uvarint, skip_tagged_fields
 
 _FIRST_FLEXIBLE: Final = 9
 _FIRST_TOPIC_ID: Final = 13
@@ -98,28 +100,37 @@ def read_produce_acks(version: int, body: Buffer, start: int = 0) -> int:
     frame and its header's size need no view made): what a connection with nothing to charge
     needs (acks=0 has no response). v0-2 begin with acks; v3+ put a nullable transactional_id
     before it."""
+    if isinstance(body, bytes):
+        return _acks_at(version, body, start)
+    # A large frame's buffer: its first bytes, copied (a transactional id is a string, at most
+    # 32,767 bytes), are read natively.
+    return _acks_at(version, bytes(body[start : start + _ACKS_PEEK_BYTES]), 0)
+
+
+_ACKS_PEEK_BYTES: Final = 64 * 1024
+
+
+def _acks_at(version: int, body: bytes, start: i64) -> int:
     pos = start
     if version >= 3:
         if pos + 2 > len(body):  # the shortest transactional_id and acks
             raise SchemaError("Produce request truncated before acks")
         if version >= _FIRST_FLEXIBLE:
-            length, pos = _uvarint(body, pos)
+            length: i64 = body[pos]
+            if length < 0x80:
+                pos += 1
+            else:
+                wide, after = read_uvarint(body, pos)
+                length, pos = wide, after
             length -= 1  # compact: 0 is null
         else:
-            length = _int16_at(body, pos)
+            length = int16_at(body, pos)
             pos += 2
         if length > 0:
             pos += length
     if pos + 2 > len(body):
         raise SchemaError("Produce request truncated before acks")
-    return _int16_at(body, pos)
-
-
-def _int16_at(body: Buffer, pos: int) -> int:
-    """A big-endian int16 from two byte reads: compiled, a third of a ``Struct.unpack_from`` call
-    (its arguments, a buffer export and a tuple). The caller checks the bounds."""
-    value: int = body[pos] << 8 | body[pos + 1]
-    return value - 0x10000 if value >= 0x8000 else value
+    return int16_at(body, pos)
 
 
 def _uvarint(body: Buffer, pos: int) -> tuple[int, int]:

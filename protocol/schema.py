@@ -21,6 +21,7 @@ from functools import cache
 from typing import Any, Final
 
 from kafka.protocol.schemas.load_json import load_json
+from mypy_extensions import i64
 
 UNKNOWN_TAGS: Final = "_unknown_tags"
 MAX_VERSION: Final = 32767
@@ -42,6 +43,20 @@ _I32: Final = struct.Struct(">i")
 _I64: Final = struct.Struct(">q")
 _U16: Final = struct.Struct(">H")
 _F64: Final = struct.Struct(">d")
+
+
+# Over ``bytes`` (the decoder's frames), compiled, a byte is read natively: no boxed index, no
+# call into ``struct``, no tuple. The callers check the bounds.
+def int16_at(buf: bytes, pos: i64) -> i64:
+    """A big-endian int16."""
+    value: i64 = buf[pos] << 8 | buf[pos + 1]
+    return value - 0x10000 if value >= 0x8000 else value
+
+
+def int32_at(buf: bytes, pos: i64) -> i64:
+    """A big-endian int32."""
+    value: i64 = buf[pos] << 24 | buf[pos + 1] << 16 | buf[pos + 2] << 8 | buf[pos + 3]
+    return value - 0x100000000 if value >= 0x80000000 else value
 
 
 def read_uvarint(buf: Buffer, pos: int) -> tuple[int, int]:

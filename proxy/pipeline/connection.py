@@ -65,10 +65,12 @@ STREAM_FROM_BYTES: Final = 64 * 1024  # frames from this size go out as they arr
 
 def write_frame(transport: asyncio.Transport, payload: bytes | bytearray) -> None:
     """``payload`` and its size prefix, one ``bytes`` object up to ONE_WRITE_BYTES."""
-    if len(payload) <= ONE_WRITE_BYTES:
+    if len(payload) > ONE_WRITE_BYTES:
+        transport.writelines((size_prefix(len(payload)), payload))
+    elif isinstance(payload, bytes):  # as the decoder's frames are: joined natively, compiled
         transport.write(size_prefix(len(payload)) + payload)
     else:
-        transport.writelines((size_prefix(len(payload)), payload))
+        transport.write(size_prefix(len(payload)) + payload)
 
 
 def write_batch(transport: asyncio.Transport, batch: list[bytes | bytearray]) -> None:
@@ -421,7 +423,7 @@ class Pipeline(ConnectionFlow):
         else:
             collect_frame(self.client, batch, payload)
 
-    def _request(self, frame: bytearray) -> None:
+    def _request(self, frame: bytes | bytearray) -> None:
         try:
             header = parse_request_header(frame, self._last_client_id)
         except FrameError as exc:
@@ -438,6 +440,7 @@ class Pipeline(ConnectionFlow):
             name = api_name(header.api_key)
             self.reject(f"malformed {name} v{header.api_version} request: {malformed}", "malformed")
             return
+        frame = req.frame  # a stage may have sent a changed copy on (a Fetch's max_bytes capped)
         self.forwarding(req, expects_response, len(frame) + 4)
         self.send(frame)
 
@@ -586,7 +589,7 @@ class Pipeline(ConnectionFlow):
         if self.server.draining and self.idle:
             self.close("drained for shutdown", level=logging.INFO)
 
-    def _response(self, frame: bytearray) -> None:
+    def _response(self, frame: bytes | bytearray) -> None:
         if not self.in_flight or len(frame) < 4:
             self.metrics.upstream_errors.labels("unexpected-response").inc()
             self.close("upstream sent a response nobody asked for")

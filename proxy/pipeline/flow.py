@@ -44,13 +44,13 @@ class ConnectionFlow:
         # Loop time the current incomplete request frame began arriving (reading time only: a
         # pause restarts it), or None between frames: the slowloris deadline.
         self.frame_started: float | None = None
-        self.held: deque[bytearray] = deque()  # requests read while the connection was muted
+        self.held: deque[bytes | bytearray] = deque()  # requests read while the connection was muted
         self._tasks: set[asyncio.Task[None]] = set()
 
     def close(self, reason: str | None = None, *, level: int = logging.WARNING) -> None:
         raise NotImplementedError
 
-    def _request(self, frame: bytearray) -> None:
+    def _request(self, frame: bytes | bytearray) -> None:
         raise NotImplementedError
 
     def pause_client(self, reason: str) -> None:
@@ -154,7 +154,7 @@ class ConnectionFlow:
         self._mute_until = 0.0
         self.resume_client(_THROTTLE)
 
-    def wait_before(self, frame: bytearray, wait_ms: int) -> None:
+    def wait_before(self, frame: bytes | bytearray, wait_ms: int) -> None:
         """Put a request back, unread, and mute the connection ``wait_ms``: it is read again then."""
         self.held.appendleft(frame)
         self.mute(wait_ms)

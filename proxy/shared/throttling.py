@@ -663,17 +663,21 @@ def fetch_request_info(version: int, body: dict[str, Any]) -> FetchRequestInfo:
     return FetchRequestInfo(int(body.get("session_id", 0)), int(body.get("session_epoch", FINAL_EPOCH)))
 
 
-def cap_fetch_max_bytes(version: int, frame: bytearray, body_offset: int, cap: int) -> bool:
-    """Lower a Fetch request's max_bytes in place to ``cap``; True if it changed."""
+def cap_fetch_max_bytes(
+    version: int, frame: bytes | bytearray, body_offset: int, cap: int
+) -> bytearray | None:
+    """A Fetch request with its max_bytes lowered to ``cap`` (a copy: the decoder's frames are
+    immutable ``bytes``); None when it asks for no more than that."""
     if version < 3:
-        return False
+        return None
     codec = message_codec("FetchRequest", version)
     _obj, _end, positions = codec.read_with_positions(memoryview(frame), body_offset)
     pos = positions.get("max_bytes")
     if pos is None:
-        return False
+        return None
     current = int.from_bytes(frame[pos : pos + 4], "big", signed=True)
     if current <= cap:
-        return False
-    frame[pos : pos + 4] = max(cap, 1).to_bytes(4, "big", signed=True)
-    return True
+        return None
+    capped = bytearray(frame)
+    capped[pos : pos + 4] = max(cap, 1).to_bytes(4, "big", signed=True)
+    return capped

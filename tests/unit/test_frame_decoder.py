@@ -230,3 +230,13 @@ def test_a_size_prefix_is_the_big_endian_int32_whether_kept_or_made() -> None:
         assert size_prefix(size) == struct.pack(">i", size)
         assert size_prefix(size) == struct.pack(">i", size)  # from the list, where it is kept
     assert size_prefix(9_216) is size_prefix(9_216)
+
+
+@pytest.mark.parametrize("size", [0, 80, 9 * 1024, PREFIXES_CACHED_UP_TO, PREFIXES_CACHED_UP_TO + 1])
+def test_a_frame_read_whole_into_scratch_comes_out_as_immutable_bytes(size: int) -> None:
+    """What the parsers read natively, and what a stage that changes a frame must copy first."""
+    payload = bytes((i * 13) % 256 for i in range(size))
+    decoder = FrameDecoder(scratch_bytes=64 * 1024, big_frame_bytes=32 * 1024)
+    frames = decoder.feed(size_prefix(size) + payload + size_prefix(3) + b"abc")
+    assert frames == [payload, b"abc"]
+    assert [type(frame) for frame in frames] == [bytes, bytes]

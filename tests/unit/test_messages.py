@@ -295,6 +295,23 @@ def test_a_repeated_client_id_is_read_again_without_a_decode_and_a_changed_one_i
     assert parse_request_header(memoryview(request(b"app-2")), last).client_id == "app-2"
 
 
+def test_a_header_is_read_the_same_from_bytes_a_bytearray_or_a_view_and_a_huge_one_is_refused() -> None:
+    """Frames are ``bytes``, read natively; a large frame's buffer or a streamed head is read
+    from a copy of its first 64 KiB, so a header longer than that (a client id is at most
+    32,767 bytes) is refused with the reason, not misread."""
+    tags = b"\x01\x05\x03xyz"  # one unknown tagged field in a v2 header
+    wire = struct.pack(">hhih", 0, 9, 5, 3) + b"app" + tags + b"body"
+    headers = [parse_request_header(kind(wire)) for kind in (bytes, bytearray, memoryview)]
+    assert {(h.api_key, h.api_version, h.correlation_id, h.client_id, h.size, h.tagged) for h in headers} == {
+        (0, 9, 5, "app", 13 + len(tags), tags)
+    }
+    huge_tags = b"\x01\x05" + bytes([0xF0, 0xA2, 0x04]) + bytes(70_000)  # a 70,000-byte field
+    huge = struct.pack(">hhih", 0, 9, 5, 3) + b"app" + huge_tags
+    assert parse_request_header(huge).size == len(huge)
+    with pytest.raises(FrameError, match="bad request header tagged fields"):
+        parse_request_header(bytearray(huge))
+
+
 def test_the_kept_client_id_gives_way_to_a_null_an_empty_a_longer_or_a_truncated_one() -> None:
     """The kept id's bytes are read with the header's fixed fields: a request shorter than the
     kept id, a null (-1) or empty id, or a length that matches the kept one only by chance of

@@ -157,7 +157,7 @@ class Request:
         "watchers",
     )
 
-    def __init__(self, header: RequestHeader, frame: bytearray) -> None:
+    def __init__(self, header: RequestHeader, frame: bytes | bytearray) -> None:
         self.header = header
         self.frame = frame
         self._body: dict[str, Any] | None = None
@@ -215,7 +215,7 @@ class Response:
 
     __slots__ = ("_body", "_hsize", "entry", "frame", "reencode", "replacement")
 
-    def __init__(self, entry: InFlight, frame: bytearray) -> None:
+    def __init__(self, entry: InFlight, frame: bytes | bytearray) -> None:
         self.entry = entry
         self.frame = frame
         self._hsize: int | None = None
@@ -251,7 +251,7 @@ class Response:
         self.replacement = out
         return out
 
-    def finished(self) -> bytearray:
+    def finished(self) -> bytes | bytearray:
         """The bytes to send: replaced, re-encoded with the throttle, or patched in place."""
         if self.replacement is not None:
             return self.replacement
@@ -269,7 +269,10 @@ class Response:
             _ = self.body  # a response the codec cannot read closes the connection, as any
             self._body = None  # the record views into frame must go before it is patched
             hsize = self.header_size
-            messages.patch_throttle_time(key, version, memoryview(self.frame)[hsize:], entry.throttle_ms)
+            frame = self.frame
+            if not isinstance(frame, bytearray):
+                frame = self.frame = bytearray(frame)  # the decoder's frames are immutable bytes
+            messages.patch_throttle_time(key, version, memoryview(frame)[hsize:], entry.throttle_ms)
         return self.frame
 
 
@@ -292,7 +295,7 @@ class Connection(Protocol):
     def reject(self, reason: str, label: str) -> None: ...
     def close(self, reason: str | None = None, *, level: int = logging.WARNING) -> None: ...
     def mute(self, throttle_ms: int) -> None: ...
-    def wait_before(self, frame: bytearray, wait_ms: int) -> None: ...
+    def wait_before(self, frame: bytes | bytearray, wait_ms: int) -> None: ...
     def hold(self, reason: str) -> None: ...
     def release(self, reason: str) -> None: ...
     def hold_until_answered(self, entry: InFlight) -> None: ...

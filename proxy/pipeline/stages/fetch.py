@@ -50,7 +50,9 @@ class FetchStage(Stage):
         requested = int(body["max_bytes"]) if version >= 3 and "max_bytes" in body else None
         grant = enforcer.fetch_grant(conn.user, client_id, requested)
         if grant is not None:
-            cap_fetch_max_bytes(version, req.frame, header.size, grant.allowed)
+            capped = cap_fetch_max_bytes(version, req.frame, header.size, grant.allowed)
+            if capped is not None:
+                req.frame = capped
         req.fetch = fetch_request_info(version, body)
         req.fetch.grant = grant
         req.want_response(self)

@@ -47,7 +47,7 @@ class MutationStage(Stage):
     async def _admit(
         self,
         entry: InFlight,
-        frame: bytearray,
+        frame: bytes | bytearray,
         header: RequestHeader,
         body: dict[str, Any],
         state: MutationState,

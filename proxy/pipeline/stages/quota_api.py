@@ -62,7 +62,7 @@ class QuotaApiStage(Stage):
         return True
 
     async def _answer(
-        self, entry: InFlight, frame: bytearray, header: RequestHeader, body: dict[str, Any]
+        self, entry: InFlight, frame: bytes | bytearray, header: RequestHeader, body: dict[str, Any]
     ) -> bool:
         """Answer it, or (mode both) forward it: True, its hold ends once the answer is stored."""
         conn, service = self.conn, self.service
