@@ -250,7 +250,12 @@ def _tail_at(api_key: int, version: int, buf: bytes) -> int:
 
 
 def _varint_at(buf: bytes, pos: i64) -> tuple[i64, i64]:
-    """``schema.read_uvarint`` over bytes (indexed natively when compiled)."""
+    """``schema.read_uvarint`` over bytes (indexed natively when compiled); a one-byte varint,
+    nearly every count and length here, read first."""
+    if 0 <= pos < len(buf):
+        first: i64 = buf[pos]
+        if first < 0x80:
+            return first, pos + 1
     result: i64 = 0
     shift: i64 = 0
     size: i64 = len(buf)
@@ -269,6 +274,8 @@ def _varint_at(buf: bytes, pos: i64) -> tuple[i64, i64]:
 
 def _skip_tags_at(buf: bytes, pos: i64) -> i64:
     """``schema.skip_tagged_fields`` over bytes."""
+    if 0 <= pos < len(buf) and buf[pos] == 0:
+        return pos + 1  # none, as nearly always
     count, pos = _varint_at(buf, pos)
     while count > 0:
         count -= 1
