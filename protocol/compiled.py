@@ -36,6 +36,7 @@ COMPILED = (
     "protocol/versions.py",
     "quota/cluster.py",
     "quota/entities.py",
+    "quota/generation.py",
     "quota/keys.py",
     "quota/manager.py",
     "quota/rate.py",

@@ -169,6 +169,7 @@ class Pipeline(ConnectionFlow):
         self._source_exempt: tuple[object, bool] | None = None  # (exemptions, listener/address exempt)
         # The exemptions and client id policy in force, as of the enforcer's generation read.
         self._enforcer = server.enforcer
+        self._rules = server.enforcer.rules
         self._rules_generation = -1
         self._exemptions: Exemptions | None = None
         self._any_exempt = False
@@ -236,9 +237,9 @@ class Pipeline(ConnectionFlow):
     def _read_rules(self) -> None:
         """The exemptions and client id policy in force, read from the enforcer again only when
         its generation has moved (a reload): one attribute read a request, not six."""
-        enforcer = self._enforcer
-        generation: int = enforcer.generation
+        generation = self._rules.value
         if generation != self._rules_generation:
+            enforcer = self._enforcer
             self._exemptions = enforcer.exemptions
             self._any_exempt = self._exemptions.any
             self._policy = enforcer.client_id_policy

@@ -111,7 +111,8 @@ class ConnectionFlow:
 
     @property
     def holding(self) -> bool:
-        return bool(self._client_pauses & _HOLD_REASONS)
+        pauses = self._client_pauses
+        return bool(pauses) and not _HOLD_REASONS.isdisjoint(pauses)  # no new set, asked per request
 
     def throttle_left_ms(self, now: float) -> int:
         """What is left of the current throttle mute (0: none)."""

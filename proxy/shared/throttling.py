@@ -30,6 +30,7 @@ from quota.config import QuotaConfig
 from quota.connections import ConnectionRateQuotas
 from quota.entities import Bucket
 from quota.exemptions import Exemptions
+from quota.generation import Generation
 from quota.group_requests import GroupRequestQuotas
 from quota.manager import ByteRateQuotas, Decision, FetchGrant, PartitionUsage
 from quota.mutations import Admission, MutationQuotas
@@ -104,7 +105,7 @@ class QuotaEnforcer:
         self._holds: dict[tuple[bool, Bucket], float] = {}
         now = self.now_ms()
         self.cfg = cfg
-        self.generation = 0  # raised at each reconfigure: pipelines resolve their stages again
+        self.rules = Generation()  # raised at each reconfigure: pipelines resolve their stages again
         self.produce = ByteRateQuotas(cfg, produce=True, now_ms=now)
         self.fetch = ByteRateQuotas(cfg, produce=False, now_ms=now)
         self.mutations = MutationQuotas(cfg, now)
@@ -126,7 +127,7 @@ class QuotaEnforcer:
         self.cluster = link
         self.produce.cluster = self.fetch.cluster = self.producer_ids.cluster = link
         self.mutation_exchange = mutations
-        self.generation += 1
+        self.rules.advance()
 
     def now_ms(self) -> float:
         return self.clock() * 1000.0
@@ -158,7 +159,7 @@ class QuotaEnforcer:
 
     def reconfigure(self, cfg: QuotaConfig) -> None:
         self.cfg = cfg
-        self.generation += 1
+        self.rules.advance()
         self.produce.reconfigure(cfg)
         self.fetch.reconfigure(cfg)
         self.mutations.reconfigure(cfg)

@@ -30,12 +30,12 @@ class StageChain:
     requests: resolved once, and again only when the quotas are reconfigured (a request nobody
     asked for maps to an empty tuple, and is forwarded undecoded)."""
 
-    __slots__ = ("_enforcer", "_generation", "_last_slot", "_last_stages", "_table", "stages")
+    __slots__ = ("_generation", "_last_slot", "_last_stages", "_rules", "_table", "stages")
 
     def __init__(self, stages: list[Stage], enforcer: QuotaEnforcer) -> None:
         self.stages = stages
-        self._enforcer = enforcer
-        self._generation = enforcer.generation
+        self._rules = enforcer.rules
+        self._generation = self._rules.value
         self._table: dict[int, tuple[Stage, ...]] = {}
         # The last key and version asked for, and its stages: a connection mostly sends one kind
         # of request after another, and an int compare costs less than a dict's boxed lookup.
@@ -43,10 +43,10 @@ class StageChain:
         self._last_stages: tuple[Stage, ...] = ()
 
     def for_request(self, api_key: int, api_version: int) -> tuple[Stage, ...]:
-        if self._generation != self._enforcer.generation:
+        if self._generation != self._rules.value:
             self._table.clear()
             self._last_slot = -1
-            self._generation = self._enforcer.generation
+            self._generation = self._rules.value
         slot = api_key << 16 | api_version
         if slot == self._last_slot:
             return self._last_stages
