@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from protocol.frames import (
     PREFIXES_CACHED_UP_TO,
+    READERS_KEPT,
     STREAM_CHUNK_BYTES,
     TLS_STREAM_CHUNK_BYTES,
     FrameDecoder,
@@ -240,3 +241,15 @@ def test_a_frame_read_whole_into_scratch_comes_out_as_immutable_bytes(size: int)
     frames = decoder.feed(size_prefix(size) + payload + size_prefix(3) + b"abc")
     assert frames == [payload, b"abc"]
     assert [type(frame) for frame in frames] == [bytes, bytes]
+
+
+def test_frames_of_more_sizes_than_readers_are_kept_for_come_out_whole() -> None:
+    """A reader is kept for READERS_KEPT sizes at most (memory stays bounded whatever sizes
+    clients send); frames of every other size are read the slower way, as whole."""
+    decoder = FrameDecoder()
+    sizes = range(1, READERS_KEPT + 600)
+    for size in sizes:
+        payload = bytes([size % 251]) * size
+        assert decoder.feed(size_prefix(size) + payload) == [payload]  # one frame a read
+    together = b"".join(size_prefix(size) + bytes([size % 7]) * size for size in sizes[-40:])
+    assert decoder.feed(together) == [bytes([size % 7]) * size for size in sizes[-40:]]
