@@ -287,6 +287,7 @@ class FrameDecoder:
             if size_read == left - 4:
                 frames.append(payload)
                 self._start = self._end
+        first = True
         while self._end - self._start >= 4:
             size: int = unpack_size_from(scratch, self._start)[0]
             if size < 0:
@@ -298,6 +299,9 @@ class FrameDecoder:
             if have >= size:
                 frames.append(_payload_at(scratch, begin, size))
                 self._start = begin + size
+                if first and self._start == self._end:
+                    _learn_framed(size)
+                first = False
                 continue
             if self.stream_from and size >= self.stream_from:
                 if have < min(size, self.head_bytes):
@@ -421,18 +425,25 @@ def _payload_at(scratch: bytearray, begin: int, size: int) -> bytes:
 
 
 def _framed_at(scratch: bytearray, start: int, size: int) -> tuple[int, bytes]:
-    """The size prefix at ``start`` and the ``size`` bytes after it, in one ``Struct`` call (made
-    once for each size met): what ``_payload_at`` copies, when the prefix is still to be read.
-    (-1, b"") when no reader is kept for that size (a plain tuple, compiled, is not boxed)."""
-    readers = _readers
-    unpack = readers.framed[size]
+    """The size prefix at ``start`` and the ``size`` bytes after it, in one ``Struct`` call: what
+    ``_payload_at`` copies, when the prefix is still to be read. Only by a reader kept for that
+    size (``_learn_framed``); (-1, b"") when there is none (a plain tuple, compiled, is not
+    boxed)."""
+    unpack = _readers.framed[size]
     if unpack is None:
-        if readers.framed_made >= READERS_KEPT:
-            return -1, b""
-        unpack = readers.framed[size] = struct.Struct(f">i{size}s").unpack_from
-        readers.framed_made += 1
+        return -1, b""
     found: tuple[int, bytes] = unpack(scratch, start)
     return found
+
+
+def _learn_framed(size: int) -> None:
+    """A read held exactly one frame of ``size`` bytes: keep a reader of such a read (its size
+    and payload in one call) for the next one. Made only for sizes frames had, never for what a
+    read of part of a frame happened to hold, so a failed try is rare."""
+    readers = _readers
+    if size <= PREFIXES_CACHED_UP_TO and readers.framed[size] is None and readers.framed_made < READERS_KEPT:
+        readers.framed[size] = struct.Struct(f">i{size}s").unpack_from
+        readers.framed_made += 1
 
 
 def size_prefix(size: int) -> bytes:

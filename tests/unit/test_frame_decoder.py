@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from protocol import frames as frames_module
 from protocol.frames import (
     PREFIXES_CACHED_UP_TO,
     READERS_KEPT,
@@ -253,3 +254,18 @@ def test_frames_of_more_sizes_than_readers_are_kept_for_come_out_whole() -> None
         assert decoder.feed(size_prefix(size) + payload) == [payload]  # one frame a read
     together = b"".join(size_prefix(size) + bytes([size % 7]) * size for size in sizes[-40:])
     assert decoder.feed(together) == [bytes([size % 7]) * size for size in sizes[-40:]]
+
+
+def test_a_read_of_part_of_a_frame_makes_no_reader_for_what_it_held() -> None:
+    """A reader of size and payload in one call is made for sizes whole frames had, never for the
+    bytes a read of part of one happened to hold (over TLS, every large frame's first read)."""
+    payload = bytes(range(256)) * 48 + bytes(57)  # 12,345 bytes
+    wire = size_prefix(len(payload)) + payload
+    readers = frames_module._readers
+    room = readers.framed_made < READERS_KEPT  # the suite's other frames may have used it up
+    decoder = FrameDecoder()
+    assert decoder.feed(wire[:6_007]) == []
+    assert readers.framed[6_003] is None
+    assert decoder.feed(wire[6_007:]) == [payload]
+    assert decoder.feed(wire) == [payload]  # the frame's own size: read in one call from now on
+    assert (readers.framed[len(payload)] is not None) == room
