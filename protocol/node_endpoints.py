@@ -17,7 +17,7 @@ from typing import Final
 from mypy_extensions import i64
 
 from protocol.api_keys import FETCH_KEY
-from protocol.schema import SchemaError, read_uvarint
+from protocol.schema import SchemaError, read_uvarint, uvarint_at
 
 # What the walk asks for next: n > 0 read n bytes (sent back), n < 0 skip -n bytes, 0 the
 # top-level tagged fields begin here.
@@ -209,21 +209,21 @@ def _tail_at(api_key: int, version: int, buf: bytes) -> int:
     pos = _skip_tags_at(buf, 4)  # correlation id, response header
     if fetch:
         pos += 10  # throttle_time_ms, error_code, session_id
-    topics, pos = _varint_at(buf, pos)
+    topics, pos = uvarint_at(buf, pos)
     topic: i64 = 1
     while topic < topics:
         topic += 1
         if version >= 13:
             pos += 16
         else:
-            n, pos = _varint_at(buf, pos)
+            n, pos = uvarint_at(buf, pos)
             pos += n - 1
-        partitions, pos = _varint_at(buf, pos)
+        partitions, pos = uvarint_at(buf, pos)
         partition: i64 = 1
         while partition < partitions:
             partition += 1
             pos += 30
-            items, pos = _varint_at(buf, pos)  # aborted transactions, or record errors
+            items, pos = uvarint_at(buf, pos)  # aborted transactions, or record errors
             item: i64 = 1
             while item < items:
                 item += 1
@@ -231,13 +231,13 @@ def _tail_at(api_key: int, version: int, buf: bytes) -> int:
                     pos += 16
                 else:
                     pos += 4
-                    n, pos = _varint_at(buf, pos)
+                    n, pos = uvarint_at(buf, pos)
                     if n > 1:
                         pos += n - 1
                 pos = _skip_tags_at(buf, pos)
             if fetch:
                 pos += 4  # preferred_read_replica
-            n, pos = _varint_at(buf, pos)  # records, or error_message
+            n, pos = uvarint_at(buf, pos)  # records, or error_message
             if n > 1:
                 pos += n - 1
             pos = _skip_tags_at(buf, pos)
@@ -249,38 +249,15 @@ def _tail_at(api_key: int, version: int, buf: bytes) -> int:
     return pos
 
 
-def _varint_at(buf: bytes, pos: i64) -> tuple[i64, i64]:
-    """``schema.read_uvarint`` over bytes (indexed natively when compiled); a one-byte varint,
-    nearly every count and length here, read first."""
-    if 0 <= pos < len(buf):
-        first: i64 = buf[pos]
-        if first < 0x80:
-            return first, pos + 1
-    result: i64 = 0
-    shift: i64 = 0
-    size: i64 = len(buf)
-    while True:
-        if pos < 0 or pos >= size:
-            raise SchemaError("truncated varint")
-        byte: i64 = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 35:
-            raise SchemaError("varint too long")
-
-
 def _skip_tags_at(buf: bytes, pos: i64) -> i64:
     """``schema.skip_tagged_fields`` over bytes."""
     if 0 <= pos < len(buf) and buf[pos] == 0:
         return pos + 1  # none, as nearly always
-    count, pos = _varint_at(buf, pos)
+    count, pos = uvarint_at(buf, pos)
     while count > 0:
         count -= 1
-        _tag, pos = _varint_at(buf, pos)
-        size, pos = _varint_at(buf, pos)
+        _tag, pos = uvarint_at(buf, pos)
+        size, pos = uvarint_at(buf, pos)
         pos += size
     if pos > len(buf):
         raise SchemaError("truncated tagged fields")
@@ -308,12 +285,12 @@ def _endpoints_in(buf: bytes, pos: i64) -> tuple[int, int] | None:
     """NodeEndpoints in the tagged-field section at ``pos``: its tag's and its end's offsets from
     there."""
     origin = pos
-    count, pos = _varint_at(buf, pos)
+    count, pos = uvarint_at(buf, pos)
     while count > 0:
         count -= 1
         start = pos
-        tag, pos = _varint_at(buf, pos)
-        size, pos = _varint_at(buf, pos)
+        tag, pos = uvarint_at(buf, pos)
+        size, pos = uvarint_at(buf, pos)
         if pos + size > len(buf):
             raise SchemaError("truncated tagged field")
         if tag == NODE_ENDPOINTS_TAG:

@@ -17,7 +17,7 @@ from typing import Final
 from mypy_extensions import i64
 
 from protocol.partition_bytes import PartitionBytes
-from protocol.schema import Buffer, SchemaError, int16_at, read_uvarint, skip_tagged_fields
+from protocol.schema import Buffer, SchemaError, int16_at, read_uvarint, skip_tagged_fields, uvarint_at
 
 _FIRST_FLEXIBLE: Final = 9
 _FIRST_TOPIC_ID: Final = 13
@@ -116,12 +116,7 @@ def _acks_at(version: int, body: bytes, start: i64) -> int:
         if pos + 2 > len(body):  # the shortest transactional_id and acks
             raise SchemaError("Produce request truncated before acks")
         if version >= _FIRST_FLEXIBLE:
-            length: i64 = body[pos]
-            if length < 0x80:
-                pos += 1
-            else:
-                wide, after = read_uvarint(body, pos)
-                length, pos = wide, after
+            length, pos = uvarint_at(body, pos)
             length -= 1  # compact: 0 is null
         else:
             length = int16_at(body, pos)

@@ -59,6 +59,29 @@ def int32_at(buf: bytes, pos: i64) -> i64:
     return value - 0x100000000 if value >= 0x80000000 else value
 
 
+def uvarint_at(buf: bytes, pos: i64) -> tuple[i64, i64]:
+    """``read_uvarint`` over bytes, with the bounds checked; a one-byte varint, nearly every
+    count and length, read first."""
+    if 0 <= pos < len(buf):
+        first: i64 = buf[pos]
+        if first < 0x80:
+            return first, pos + 1
+    result: i64 = 0
+    shift: i64 = 0
+    size: i64 = len(buf)
+    while True:
+        if pos < 0 or pos >= size:
+            raise SchemaError("truncated varint")
+        byte: i64 = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 35:
+            raise SchemaError("varint too long")
+
+
 def read_uvarint(buf: Buffer, pos: int) -> tuple[int, int]:
     """Unsigned LEB128 varint, as Kafka's compact lengths and tags use."""
     result = 0
