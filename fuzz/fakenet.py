@@ -13,11 +13,14 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+Reads = asyncio.Protocol | asyncio.BufferedProtocol  # what a transport hands its reads to
+READ_BYTES = 256 * 1024  # what uvloop reads into its own buffer at most, for a plain protocol
+
 
 class FakeTransport(asyncio.Transport):
     """One side of a connection held in memory: what the proxy writes, and what it is sent."""
 
-    def __init__(self, loop: FuzzLoop, protocol: asyncio.BufferedProtocol, peer: tuple[str, int]) -> None:
+    def __init__(self, loop: FuzzLoop, protocol: Reads, peer: tuple[str, int]) -> None:
         super().__init__()
         self._loop = loop
         self.protocol = protocol
@@ -61,6 +64,13 @@ class FakeTransport(asyncio.Transport):
     def is_reading(self) -> bool:
         return not self.paused and not self.closed
 
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        assert isinstance(protocol, (asyncio.Protocol, asyncio.BufferedProtocol))
+        self.protocol = protocol  # the next read goes to it, as asyncio's and uvloop's do
+
+    def get_protocol(self) -> Reads:
+        return self.protocol
+
     def close(self) -> None:
         if self.closed:
             return
@@ -86,15 +96,23 @@ class FakeTransport(asyncio.Transport):
         self.deliver()
 
     def deliver(self) -> None:
-        """Hand pending bytes to the protocol the way a transport does: into its own buffer."""
+        """Hand pending bytes to the protocol the way a transport does: into a buffered
+        protocol's own buffer, or to a plain one as ``bytes`` (at most READ_BYTES a read, as
+        uvloop's reads)."""
         while self.inbox and not self.paused and not self.closed:
-            buf = memoryview(self.protocol.get_buffer(-1))
-            n = min(len(buf), len(self.inbox))
-            if n == 0:
-                raise AssertionError("get_buffer returned an empty buffer")
-            buf[:n] = self.inbox[:n]
-            del self.inbox[:n]
-            self.protocol.buffer_updated(n)
+            protocol = self.protocol
+            if isinstance(protocol, asyncio.BufferedProtocol):
+                buf = memoryview(protocol.get_buffer(-1))
+                n = min(len(buf), len(self.inbox))
+                if n == 0:
+                    raise AssertionError("get_buffer returned an empty buffer")
+                buf[:n] = self.inbox[:n]
+                del self.inbox[:n]
+                protocol.buffer_updated(n)
+            else:
+                data = bytes(self.inbox[:READ_BYTES])
+                del self.inbox[: len(data)]
+                protocol.data_received(data)
 
     def hang_up(self) -> None:
         """The peer closes its socket: EOF, then the connection is lost."""
@@ -132,7 +150,7 @@ class FuzzLoop(asyncio.SelectorEventLoop):
         **_kwargs: Any,
     ) -> tuple[asyncio.Transport, asyncio.BaseProtocol]:
         protocol = protocol_factory()
-        assert isinstance(protocol, asyncio.BufferedProtocol)
+        assert isinstance(protocol, (asyncio.Protocol, asyncio.BufferedProtocol))
         transport = FakeTransport(self, protocol, (host or "", port or 0))
         protocol.connection_made(transport)
         if self.on_connection is not None:

@@ -1,6 +1,8 @@
 """The whole Pipeline, fed arbitrary client bytes and broker answers through in-memory transports.
 
-Input: one byte choosing a proxy setup (see ``SETUPS``), then records ``op (1) | n (2) | n bytes``:
+Input: one byte choosing a proxy setup (see ``SETUPS``) and how the sockets are read (as bytes,
+plain reads, or into the pipeline's buffers: the byte over the number of setups, odd for
+buffered), then records ``op (1) | n (2) | n bytes``:
 
 - op 0: the client sends the bytes (any stream: partial frames, several frames, garbage);
 - op 1: the broker answers the oldest request it was sent that expects an answer: size,
@@ -35,7 +37,7 @@ from protocol import messages
 from protocol.frames import FrameDecoder
 from protocol.mutations import TopicRef
 from proxy.config import ProxyConfig, parse_config
-from proxy.net.transports import ClientProtocol
+from proxy.net.transports import ClientProtocol, PlainClientProtocol, PlainUpstreamProtocol, UpstreamProtocol
 from proxy.pipeline.connection import Pipeline
 from proxy.pipeline.stages import proxy_stages
 from proxy.server import ProxyServer
@@ -188,11 +190,10 @@ class PipelineFuzzer:
     def _server(self, cfg: ProxyConfig, capture: bool) -> ProxyServer:
         return in_memory_server(cfg, self.loop, capture)
 
-    def _connect(self, server: ProxyServer) -> tuple[Pipeline, FakeTransport]:
+    def _connect(self, server: ProxyServer, buffered: bool = False) -> tuple[Pipeline, FakeTransport]:
         listener = next(iter(server.listeners.values()), None) or _listener(server)
-        protocol = ClientProtocol(
-            lambda transport: Pipeline(server, listener, transport, stream_from=STREAM_FROM)
-        )
+        kind = ClientProtocol if buffered else PlainClientProtocol
+        protocol = kind(lambda transport: Pipeline(server, listener, transport, stream_from=STREAM_FROM))
         client = FakeTransport(self.loop, protocol, ("127.0.0.1", 40000))
 
         async def accept() -> None:
@@ -210,10 +211,18 @@ class PipelineFuzzer:
         self.errors.clear()
         self.log.records.clear()
         rejected_before = _total(server.metrics.rejected_frames)
+        buffered = (data[0] // len(self.servers)) % 2 == 1
         brokers: list[_Broker] = []
         self.brokers = brokers  # the last input's upstream side, for tests to look at
-        self.loop.on_connection = lambda t: brokers.append(_Broker(t))
-        pipeline, client = self._connect(server)
+
+        def connected(transport: FakeTransport) -> None:
+            protocol = transport.protocol
+            if buffered and isinstance(protocol, PlainUpstreamProtocol):
+                transport.set_protocol(UpstreamProtocol(protocol.pipeline))
+            brokers.append(_Broker(transport))
+
+        self.loop.on_connection = connected
+        pipeline, client = self._connect(server, buffered)
         self._settle(server, pipeline, client, brokers, rejected_before)
         pos = 1
         while pos + _REC.size <= len(data):

@@ -179,6 +179,7 @@ class FrameDecoder:
         "big_frame_bytes",
         "big_initial_bytes",
         "head_bytes",
+        "large_taken",
         "max_frame_bytes",
         "stream_chunk_bytes",
         "stream_from",
@@ -198,6 +199,7 @@ class FrameDecoder:
         self.stream_chunk_bytes = stream_chunk_bytes
         self.big_initial_bytes = big_initial_bytes
         self.stream_from = stream_from  # 0: never offer a frame for streaming
+        self.large_taken = False  # take_whole took a frame of stream_from bytes or more
         self.head_bytes = min(head_bytes, scratch_bytes // 2)
         self._offered = False  # a FrameHead was returned; scratch[start:] holds its beginning
         self._stream_left = 0  # payload bytes of the frame being streamed still to come
@@ -263,6 +265,37 @@ class FrameDecoder:
             frames = []
         self._split(frames)
         return frames
+
+    def take_whole(self, data: bytes, frames: list[Any]) -> int:
+        """The frames at the start of ``data`` (a read handed over as ``bytes``, by a plain
+        protocol's ``data_received``) that it holds whole, sliced straight out of it onto
+        ``frames``; how many of its bytes they took. Only while the decoder holds nothing (else
+        0): the bytes not taken go in by ``get_buffer`` / ``written``. A size prefix out of
+        bounds raises FrameError, as there."""
+        if self._end != self._start or self._big is not None or self._stream_left or self._offered:
+            return 0
+        total: i64 = len(data)
+        pos: i64 = 0
+        while total - pos >= 4:
+            size = int32_at(data, pos)
+            if size < 0:
+                raise FrameError(f"negative frame size {size}")
+            if size > self.max_frame_bytes:
+                raise FrameTooLarge(f"frame of {size} bytes exceeds max_frame_bytes={self.max_frame_bytes}")
+            end = pos + 4 + size
+            if end > total:
+                break
+            if self.stream_from and size >= self.stream_from:
+                self.large_taken = True
+            frames.append(data[pos + 4 : end])
+            pos = end
+        return int(pos)
+
+    @property
+    def large_frames(self) -> bool:
+        """A frame that would be streamed was taken whole (``take_whole``), or a large frame is
+        being gathered into its own buffer, offered, or streamed."""
+        return self.large_taken or self._big is not None or bool(self._stream_left) or self._offered
 
     def feed(self, data: Buffer) -> list[Any]:
         view = memoryview(data)

@@ -17,7 +17,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.net.brokers import BrokerDirectory
 from proxy.net.proxy_protocol import HeaderProtocol, Origin, ProxyProtocolGate
 from proxy.net.tls import ListenerTlsContext, upstream_context
-from proxy.net.transports import ClientProtocol
+from proxy.net.transports import ClientProtocol, PlainClientProtocol
 from proxy.net.upstream_client import Credentials, UpstreamLogin, fetch_brokers
 from proxy.pipeline.connection import Pipeline
 from proxy.pipeline.host import Listener
@@ -163,8 +163,11 @@ class ProxyServer:
                 backlog=1024,
             )
         else:
+            # Plaintext connections are read as bytes; TLS ones into the decoder's buffers
+            # (decrypted straight into them).
+            protocol = ClientProtocol if self.tls is not None else PlainClientProtocol
             listener.server = await loop.create_server(
-                lambda: ClientProtocol(lambda transport: Pipeline(self, listener, transport)),
+                lambda: protocol(lambda transport: Pipeline(self, listener, transport)),
                 self.cfg.bind_host,
                 port,
                 reuse_address=True,

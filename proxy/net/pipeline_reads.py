@@ -1,10 +1,12 @@
 """The compiled half of the two socket protocols: the calls the event loop makes on every read.
 
-uvloop keeps a buffered protocol's bound ``get_buffer`` and ``buffer_updated`` and calls them on
-each read; defined here, in a compiled class, they cost a C call each instead of an interpreted
-frame (3% of the proxy's CPU per small request). The protocols in ``transports.py`` subclass these
-in Python, beside ``asyncio.BufferedProtocol``: asyncio's own loops read into a protocol only when
-it is one, and a compiled class cannot subclass a Python class.
+uvloop keeps a protocol's bound ``data_received``, or a buffered one's ``get_buffer`` and
+``buffer_updated``, and calls them on each read; defined here, in a compiled class, they cost a
+C call each instead of an interpreted frame (3% of the proxy's CPU per small request). The
+protocols in ``transports.py`` subclass these in Python, beside ``asyncio.Protocol`` (read as
+bytes) or ``asyncio.BufferedProtocol`` (read into the decoder's buffers): the event loops choose
+by that base class which of the two ways they read, and a compiled class cannot subclass a
+Python class.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ class ClientReads:
         assert pipeline is not None
         pipeline.client_written(nbytes)
 
+    def data_received(self, data: bytes) -> None:
+        pipeline = self.pipeline
+        assert pipeline is not None
+        pipeline.client_data(data)
+
     def eof_received(self) -> bool | None:
         return None  # close our side too; the upstream is closed in connection_lost
 
@@ -63,6 +70,9 @@ class UpstreamReads:
 
     def buffer_updated(self, nbytes: int) -> None:
         self.pipeline.upstream_written(nbytes)
+
+    def data_received(self, data: bytes) -> None:
+        self.pipeline.upstream_data(data)
 
     def eof_received(self) -> bool | None:
         return None

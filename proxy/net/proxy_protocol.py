@@ -4,7 +4,7 @@ On a listener that requires it, a connection first meets ``HeaderProtocol``: it 
 when its peer is not one of ``trusted_sources``; otherwise the header is read, never a byte past
 it (``ProxyHeaderParser.wanted``), within ``connect_timeout_seconds``. Then the connection is
 handed to its pipeline with the client's address from the header: on a plain listener by
-switching the transport's protocol to the usual ``ClientProtocol``, on a TLS listener after the
+switching the transport's protocol to the usual ``PlainClientProtocol``, on a TLS listener after the
 TLS handshake that follows the header (``loop.start_tls``, with the listener's context: SNI
 routing and client certificates as on any TLS listener). A connection refused is counted
 (``kthrottle_proxy_protocol_refused_total{reason}``), logged with its peer and the reason (rate
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 from protocol.proxy_header import ProxyHeader, ProxyHeaderError, ProxyHeaderParser
-from proxy.net.transports import ClientProtocol
+from proxy.net.transports import ClientProtocol, PlainClientProtocol
 from proxy.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -192,7 +192,7 @@ class HeaderProtocol(asyncio.BufferedProtocol):
         origin = header.client
         if self.gate.tls is None:
             self._finish()
-            protocol = ClientProtocol(lambda transport: self.make_pipeline(transport, origin))
+            protocol = PlainClientProtocol(lambda transport: self.make_pipeline(transport, origin))
             self.transport.set_protocol(protocol)
             protocol.connection_made(self.transport)  # the pipeline pauses reads until its upstream is up
             if self.parser.rest and protocol.pipeline is not None:  # never, reading at most wanted()

@@ -46,7 +46,8 @@ def close_bounded(transport: asyncio.Transport, loop: asyncio.AbstractEventLoop)
 
 class ClientProtocol(ClientReads, asyncio.BufferedProtocol):
     """A client connection: the socket reads straight into the pipeline's request decoder (the
-    per-read calls are ClientReads', compiled)."""
+    per-read calls are ClientReads', compiled). TLS connections, and plaintext ones once a
+    large frame came (``read_into_buffers``)."""
 
     def __init__(self, make_pipeline: Callable[[asyncio.Transport], Pipeline]) -> None:
         super().__init__()
@@ -55,6 +56,41 @@ class ClientProtocol(ClientReads, asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.pipeline = self.make_pipeline(cast(asyncio.Transport, transport))
+
+
+class PlainClientProtocol(ClientReads, asyncio.Protocol):
+    """A plaintext client connection, read as ``bytes`` (``Pipeline.client_data``): an
+    ``asyncio.Protocol`` (never a ``BufferedProtocol``), so the event loop hands each read over
+    whole instead of asking for a buffer first. For small frames that is one call a read, not
+    two, and a request that was all of a read goes on as the very bytes read."""
+
+    def __init__(self, make_pipeline: Callable[[asyncio.Transport], Pipeline]) -> None:
+        super().__init__()
+        self.make_pipeline = make_pipeline
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.pipeline = self.make_pipeline(cast(asyncio.Transport, transport))
+
+
+class PlainUpstreamProtocol(UpstreamReads, asyncio.Protocol):
+    """A plaintext broker connection, read as ``bytes`` (``Pipeline.upstream_data``), as
+    ``PlainClientProtocol``."""
+
+
+def read_into_buffers(pipeline: Pipeline, transport: asyncio.Transport, upstream: bool) -> None:
+    """From plain reads to buffered ones for the rest of the connection (a large frame began:
+    read as bytes, each of its bytes would be copied twice). The event loop takes the new
+    protocol at once, the read under way included."""
+    if upstream:
+        transport.set_protocol(UpstreamProtocol(pipeline))
+        return
+    protocol = ClientProtocol(_made_already)
+    protocol.pipeline = pipeline
+    transport.set_protocol(protocol)
+
+
+def _made_already(transport: asyncio.Transport) -> Pipeline:
+    raise AssertionError("a protocol switched to has its pipeline already")
 
 
 class UpstreamProtocol(UpstreamReads, asyncio.BufferedProtocol):

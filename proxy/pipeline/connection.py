@@ -17,7 +17,7 @@ from collections import deque
 from typing import Any, Final
 
 from protocol import messages
-from protocol.api_keys import api_name
+from protocol.api_keys import FETCH_KEY, api_name
 from protocol.frames import (
     STREAM_CHUNK_BYTES,
     TLS_STREAM_CHUNK_BYTES,
@@ -36,7 +36,7 @@ from protocol.frames import (
 from protocol.sasl import SaslTracker
 from protocol.schema import SchemaError, int32_at
 from proxy.net.connection_identity import Refused, tls_identity
-from proxy.net.transports import close_bounded
+from proxy.net.transports import PlainUpstreamProtocol, close_bounded, read_into_buffers
 from proxy.pipeline.flow import ConnectionFlow
 from proxy.pipeline.frame_streams import FrameStreams
 from proxy.pipeline.host import Host, Listener
@@ -158,6 +158,17 @@ class Pipeline(ConnectionFlow):
         # collected here while a read's frames are handled, written once at its end.
         self._upstream_batch: list[bytes | bytearray] | None = None
         self._client_batch: list[bytes | bytearray] | None = None
+        # A frame that was all of a plain read (``client_data``, ``upstream_data``), and that
+        # read: while the frame is handled, the read goes on as it came if the frame is unchanged.
+        self._read_request: bytes | None = None
+        self._read_request_wire = b""
+        self._read_response: bytes | None = None
+        self._read_response_wire = b""
+        # A plain read's bytes past its whole frames are being put into the response decoder:
+        # a response streamed meanwhile is not spliced (some of its bytes are not in the socket).
+        self.feeding_responses = False
+        self._plain_upstream = False  # the upstream socket is read as bytes (upstream_data)
+        self._client_into_buffers = False  # plain client reads switched to buffered ones
         self.closed = False
         self.user = ANONYMOUS  # the authenticated principal, once the proxy knows it
         self.node_id = listener.node_id  # the broker this connection stands for (None: bootstrap)
@@ -229,6 +240,7 @@ class Pipeline(ConnectionFlow):
         self.upstream = transport
         transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
         self.upstream_addr = address
+        self._plain_upstream = isinstance(transport.get_protocol(), PlainUpstreamProtocol)
         if self._upstream_pauses:
             transport.pause_reading()
         unread, self._unread = self._unread, 0
@@ -396,6 +408,10 @@ class Pipeline(ConnectionFlow):
         if len(frames) == 1:
             self._take_request(frames[0])
             return
+        self._take_requests(frames)
+
+    def _take_requests(self, frames: list[Any]) -> None:
+        """The frames of one read, their writes collected into one each way."""
         self._upstream_batch = []
         self._client_batch = []  # the answers the proxy makes itself to these, in one write too
         try:
@@ -406,6 +422,44 @@ class Pipeline(ConnectionFlow):
         finally:
             self._flush_upstream_batch()
             self._flush_client_batch()
+
+    def client_data(self, data: bytes) -> None:
+        """A read of the client's socket handed over as ``bytes`` (plain reads:
+        ``proxy/net/transports.py``). The frames it holds whole are sliced straight out of it,
+        and a request that was all of the read goes upstream as it came, the same object (no
+        prefix made, no copy) unless a stage changed it. The bytes of a frame not whole go into
+        the decoder's buffer; once a large frame begins there, the connection is read into the
+        decoder's buffers for good, as TLS connections are (a large frame's bytes copied once)."""
+        if self.closed:
+            return
+        if self.upstream is None:
+            self.feed(data)  # the first bytes, or what comes while the upstream connects
+            return
+        frames: list[Any] = []
+        try:
+            taken = self.requests.take_whole(data, frames)
+        except FrameError as exc:
+            self.reject(str(exc), "oversize" if isinstance(exc, FrameTooLarge) else "bad-size")
+            return
+        if taken == len(data):
+            self.frame_started = None
+            if len(frames) == 1:
+                frame = frames[0]
+                self._read_request, self._read_request_wire = frame, data
+                try:
+                    self._take_request(frame)
+                finally:
+                    self._read_request, self._read_request_wire = None, b""
+            else:
+                self._take_requests(frames)
+        else:
+            if frames:
+                self._take_requests(frames)
+            if not self.closed:
+                self.feed(memoryview(data)[taken:])
+        if self.requests.large_frames and not self.closed and not self._client_into_buffers:
+            self._client_into_buffers = True
+            read_into_buffers(self, self.client, upstream=False)
 
     def _take_request(self, frame: Any) -> None:
         kind = type(frame)
@@ -438,7 +492,10 @@ class Pipeline(ConnectionFlow):
     def _write_client(self, payload: bytes | bytearray) -> None:
         batch = self._client_batch
         if batch is None:
-            write_frame(self.client, payload)
+            if payload is self._read_response:
+                self.client.write(self._read_response_wire)  # all of a plain read, as it came
+            else:
+                write_frame(self.client, payload)
         else:
             collect_frame(self.client, batch, payload)
 
@@ -466,7 +523,10 @@ class Pipeline(ConnectionFlow):
     def forwarding(self, req: Request, expects_response: bool, nbytes: int) -> None:
         """``req`` (``nbytes`` on the wire) goes upstream now: count it, queue its entry if a
         response comes, and apply the throttle its stages decided."""
-        self.traffic(req.header.api_key).request(nbytes)
+        api_key = req.header.api_key
+        if api_key == FETCH_KEY and self._plain_upstream:
+            self.read_upstream_into_buffers()
+        self.traffic(api_key).request(nbytes)
         self.requests_in += 1
         self.bytes_in += nbytes
         if expects_response:
@@ -534,7 +594,10 @@ class Pipeline(ConnectionFlow):
         batch = self._upstream_batch
         assert self.upstream is not None
         if batch is None:
-            write_frame(self.upstream, frame)
+            if frame is self._read_request:
+                self.upstream.write(self._read_request_wire)  # all of a plain read, as it came
+            else:
+                write_frame(self.upstream, frame)
         else:
             collect_frame(self.upstream, batch, frame)
 
@@ -579,6 +642,10 @@ class Pipeline(ConnectionFlow):
         if len(frames) == 1:
             self._take_response(frames[0])
             return
+        self._take_responses(frames)
+
+    def _take_responses(self, frames: list[Any]) -> None:
+        """The frames of one read, their writes to the client collected into one."""
         self._client_batch = []
         try:
             for frame in frames:
@@ -587,6 +654,56 @@ class Pipeline(ConnectionFlow):
                 self._take_response(frame)
         finally:
             self._flush_client_batch()
+
+    def upstream_data(self, data: bytes) -> None:
+        """A read of the upstream socket handed over as ``bytes`` (plain reads), as
+        ``client_data``: a response that was all of the read goes to the client as it came,
+        unless a stage changed it. A response streamed from the bytes past the whole frames is
+        not spliced (some of its bytes were read already), and the connection is then read into
+        the decoder's buffers for good."""
+        if self.closed:
+            return
+        frames: list[Any] = []
+        try:
+            taken = self.responses.take_whole(data, frames)
+        except FrameError as exc:
+            self.metrics.upstream_errors.labels("bad-frame").inc()
+            self.close(f"upstream sent a bad frame: {exc}")
+            return
+        if taken == len(data) and len(frames) == 1:
+            frame = frames[0]
+            self._read_response, self._read_response_wire = frame, data
+            try:
+                self._take_response(frame)
+            finally:
+                self._read_response, self._read_response_wire = None, b""
+        else:
+            if frames:
+                self._take_responses(frames)
+            if taken < len(data) and not self.closed:
+                self._feed_responses(memoryview(data)[taken:])
+        if self.responses.large_frames and not self.closed:
+            self.read_upstream_into_buffers()
+
+    def _feed_responses(self, view: memoryview) -> None:
+        """Bytes of a plain read past its whole frames, into the response decoder's buffer."""
+        self.feeding_responses = True
+        try:
+            while view and not self.closed:
+                buffer = self.responses.get_buffer()
+                n = min(len(buffer), len(view))
+                buffer[:n] = view[:n]
+                view = view[n:]
+                self.upstream_written(n)
+        finally:
+            self.feeding_responses = False
+
+    def read_upstream_into_buffers(self) -> None:
+        """The upstream socket is read into the response decoder's buffers from now on: large
+        responses come (or a Fetch went up: its answer may be spliced from its first byte)."""
+        if self._plain_upstream and self.upstream is not None:
+            self._plain_upstream = False
+            read_into_buffers(self, self.upstream, upstream=True)
 
     def _take_response(self, frame: Any) -> None:
         kind = type(frame)

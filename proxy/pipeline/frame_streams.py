@@ -123,6 +123,7 @@ class FrameStreams:
         first = let_out(self.filter, self.held, data)
         if (
             self.can_splice
+            and not conn.feeding_responses  # some of its bytes are read already
             and not conn.client.get_write_buffer_size()
             and self._splice(SIZE.pack(head.size) + first)
         ):

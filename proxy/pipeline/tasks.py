@@ -10,7 +10,7 @@ import logging
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from proxy.net.transports import UpstreamProtocol
+from proxy.net.transports import PlainUpstreamProtocol, UpstreamProtocol
 from proxy.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -47,11 +47,13 @@ async def _open_upstream(pipeline: Pipeline) -> None:
             # hold it, so a client's reconnect loop keeps a backoff through the proxy too.
             await asyncio.sleep(wait)
         tls = server.upstream_ssl()
+        # Plaintext is read as bytes, TLS into the decoder's buffers (decrypted straight in).
+        reads = UpstreamProtocol if tls else PlainUpstreamProtocol
         started = backoff.clock()
         try:
             transport, _ = await asyncio.wait_for(
                 pipeline.loop.create_connection(
-                    lambda: UpstreamProtocol(pipeline),
+                    lambda: reads(pipeline),  # noqa: B023 - called before the loop goes on
                     host,
                     port,
                     ssl=tls,

@@ -54,11 +54,13 @@ Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]
 
 @contextlib.contextmanager
 def proxy_in_front_of(
-    handle: Handler, extra_config: str = ""
+    handle: Handler,
+    extra_config: str = "",
+    new_loop: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop,
 ) -> Iterator[tuple[asyncio.AbstractEventLoop, int, ProxyServer]]:
-    """A sidecar proxy on its own event loop thread, in front of an upstream served by
-    ``handle``; yields the loop, the proxy's port and the server."""
-    loop = asyncio.new_event_loop()
+    """A sidecar proxy on its own event loop thread (``new_loop``'s), in front of an upstream
+    served by ``handle``; yields the loop, the proxy's port and the server."""
+    loop = new_loop()
     upstream_port, proxy_port = free_port(), free_port()
     cfg = parse_config(
         f"mode: sidecar\nsidecar: {{listen_port: {proxy_port}, upstream: '127.0.0.1:{upstream_port}'}}\n"

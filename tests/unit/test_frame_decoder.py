@@ -15,6 +15,7 @@ from protocol.frames import (
     STREAM_CHUNK_BYTES,
     TLS_STREAM_CHUNK_BYTES,
     FrameDecoder,
+    FrameError,
     FrameHead,
     Piece,
     size_prefix,
@@ -52,6 +53,68 @@ def test_frames_survive_any_split(payloads: list[bytes], cuts: list[int], buffer
         pos += n
     assert got == payloads
     assert not dec.mid_frame
+
+
+def _plain_read(dec: FrameDecoder, data: bytes) -> list[bytes]:
+    """A read handed over as bytes, as the pipeline takes it (``Pipeline.client_data``): the
+    whole frames sliced out of it, the rest into the decoder's buffer."""
+    out: list[bytes] = []
+    taken = dec.take_whole(data, out)
+    assert all(type(f) is bytes for f in out)
+    rest = memoryview(data)[taken:]
+    while rest:
+        target = dec.get_buffer()
+        n = min(len(target), len(rest))
+        target[:n] = rest[:n]
+        rest = rest[n:]
+        out.extend(bytes(f) for f in dec.written(n))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    payloads=st.lists(
+        sizes.map(lambda n: bytes((i * 5 + n) % 251 for i in range(n))), min_size=1, max_size=12
+    ),
+    cuts=st.lists(st.integers(1, 12000), min_size=1, max_size=50),
+)
+def test_frames_survive_any_split_read_as_bytes(payloads: list[bytes], cuts: list[int]) -> None:
+    stream = b"".join(struct.pack(">i", len(p)) + p for p in payloads)
+    dec = FrameDecoder(scratch_bytes=2048, big_frame_bytes=512, big_initial_bytes=600)
+    got: list[bytes] = []
+    pos = i = 0
+    while pos < len(stream):
+        n = cuts[i % len(cuts)]
+        i += 1
+        got.extend(_plain_read(dec, stream[pos : pos + n]))
+        pos += n
+    assert got == payloads
+    assert not dec.mid_frame
+
+
+def test_whole_frames_are_taken_from_a_read_only_while_the_decoder_holds_nothing() -> None:
+    dec = FrameDecoder(stream_from=100)
+    first = struct.pack(">i", 3) + b"abc"
+    frames: list[bytes] = []
+    assert dec.take_whole(first + struct.pack(">i", 5) + b"de", frames) == 7
+    assert frames == [b"abc"]
+    assert _plain_read(dec, struct.pack(">i", 5) + b"de") == []  # part of a frame: gathered
+    frames.clear()
+    assert dec.take_whole(b"fgh" + first, frames) == 0  # the decoder is mid-frame: nothing taken
+    assert frames == [] and not dec.large_frames
+    assert _plain_read(dec, b"fgh") == [b"defgh"]
+    assert dec.take_whole(struct.pack(">i", 100) + bytes(100), frames) == 104
+    assert dec.large_frames  # a frame that would have been streamed came whole
+
+
+@pytest.mark.parametrize(
+    ("prefix", "error"),
+    [(struct.pack(">i", -1), "negative frame size"), (struct.pack(">i", 1001), "exceeds max_frame_bytes")],
+)
+def test_a_read_as_bytes_with_a_bad_size_prefix_is_refused(prefix: bytes, error: str) -> None:
+    dec = FrameDecoder(max_frame_bytes=1000)
+    with pytest.raises(FrameError, match=error):
+        dec.take_whole(struct.pack(">i", 1) + b"x" + prefix, [])
 
 
 def test_a_size_prefix_alone_costs_no_more_than_the_first_buffer() -> None:

@@ -66,7 +66,9 @@ def test_slow_client_pauses_upstream(harness: Harness) -> None:
 
 def test_past_the_pipe_budget_responses_are_copied_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pipe refused (the user's pipe budget spent: a page or two a pipe) leaves the response to
-    stream through the proxy, every byte of it, and says so."""
+    stream through the proxy, every byte of it, and says so. The first response is never offered
+    to splice: the broker's socket is read as bytes until a large frame comes, and some of that
+    one's bytes are read already (the connection is read into buffers from then on)."""
     if not SPLICE_SUPPORTED:
         unavailable("splice(2) is Linux's")
     monkeypatch.setattr(splice, "MIN_PIPE_BYTES", splice.PIPE_BYTES * 2)
@@ -79,5 +81,5 @@ def test_past_the_pipe_budget_responses_are_copied_whole(monkeypatch: pytest.Mon
         refused = server.metrics.upstream_errors.labels("splice-unavailable")._value.get()
         moved = server.metrics.spliced_response_bytes._value.get()
     assert got == bytes(stub.sent)
-    assert refused == 4
+    assert refused == 3
     assert moved == 0
