@@ -88,7 +88,7 @@ KTHROTTLE_PURE_PYTHON=1 python -m pytest -p no:cacheprovider -q \
   tests/unit/test_pipeline_*.py tests/unit/test_quota_rate.py tests/unit/test_quota_entities.py \
   tests/unit/test_fetch_allowance.py tests/unit/test_produce_shaping.py \
   tests/unit/test_bounded_throttles.py tests/unit/test_cluster_quotas.py tests/unit/test_stage_chain.py \
-  tests/unit/test_node_endpoints.py tests/unit/test_splice.py
+  tests/unit/test_node_endpoints.py tests/unit/test_splice.py tests/unit/test_plain_reads.py
 echo "== pure-Python unit tests took $((SECONDS - pure_began)) s" >&2
 
 # The container image: built by dev/image.sh (base images made with debootstrap where no registry
