@@ -20,6 +20,7 @@ from proxy.net.tls import ListenerTlsContext, upstream_context
 from proxy.net.transports import ClientProtocol, PlainClientProtocol
 from proxy.net.upstream_client import Credentials, UpstreamLogin, fetch_brokers
 from proxy.pipeline.connection import Pipeline
+from proxy.pipeline.flow import Shutdown
 from proxy.pipeline.host import Listener
 from proxy.pipeline.stages import proxy_stages
 from proxy.ratelog import RateLimitedLog
@@ -96,7 +97,7 @@ class ProxyServer:
         self.listeners: dict[str, Listener] = {}
         self.pipelines: set[Pipeline] = set()
         self.metrics.registry.register(PendingRequestsCollector(lambda: self.pipelines, _loop_time))
-        self.draining = False
+        self.shutdown = Shutdown()  # each connection keeps it: looked at after every answer
         self._drain_cut = self._drain_unanswered = 0  # connections closed while draining, unanswered
         self.upstream_ready = False
         self._refresh_task: asyncio.Task[None] | None = None
@@ -216,6 +217,15 @@ class ProxyServer:
     def sni_routing(self) -> bool:
         """Gateway mode with one TLS port for all brokers, told apart by the server name."""
         return self.cfg.gateway is not None and self.cfg.gateway.sni.enabled
+
+    @property
+    def draining(self) -> bool:
+        """Shutting down: no new connection is taken, and each closes after its last answer."""
+        return self.shutdown.draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.shutdown.draining = value
 
     def upstream_ssl(self) -> ssl.SSLContext | None:
         """The TLS context for connections to brokers (the newest certificates), if configured."""

@@ -63,7 +63,11 @@ class ApiTraffic:
 
     def response(self, nbytes: int, seconds: float) -> None:
         self.response_bytes += nbytes
-        self.latency_counts[latency_bucket(seconds)] += 1
+        # Read and written apart: compiled, ``counts[i] += 1`` is a generic in-place add.
+        counts = self.latency_counts
+        index = latency_bucket(seconds)
+        count: int = counts[index]
+        counts[index] = count + 1
         self.latency_sum += seconds
 
 

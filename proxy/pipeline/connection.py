@@ -114,6 +114,19 @@ def collect_frame(
     write_frame(transport, payload)
 
 
+def _frames_of(batch: list[bytes | bytearray], frames: list[Any]) -> bool:
+    """``batch`` is each of ``frames``, in order, after its size prefix (``collect_frame``'s),
+    and nothing else: written, it is the read they came in."""
+    if len(batch) != 2 * len(frames):
+        return False
+    i = 0
+    for frame in frames:
+        if batch[i + 1] is not frame:
+            return False
+        i += 2
+    return True
+
+
 class Pipeline(ConnectionFlow):
     """State of one client connection and its upstream connection."""
 
@@ -181,6 +194,7 @@ class Pipeline(ConnectionFlow):
         self._queue = self.in_flight.append
         self._dequeue = self.in_flight.popleft
         self.metrics = server.metrics
+        self._shutdown = server.shutdown
         # Per api key, resolved once per connection: a list as long as the largest key seen (a
         # dict's lookup boxes and hashes the key, twice a request).
         self._api_traffic: list[ApiTraffic | None] = []
@@ -410,9 +424,12 @@ class Pipeline(ConnectionFlow):
             return
         self._take_requests(frames)
 
-    def _take_requests(self, frames: list[Any]) -> None:
-        """The frames of one read, their writes collected into one each way."""
-        self._upstream_batch = []
+    def _take_requests(self, frames: list[Any], read: bytes | None = None) -> None:
+        """The frames of one read, their writes collected into one each way. ``read``: the plain
+        read they were all of, written upstream as it came when every one of them went on
+        unchanged and in order, and nothing else did (a pipelining client's requests)."""
+        batch: list[bytes | bytearray] = []
+        self._upstream_batch = batch
         self._client_batch = []  # the answers the proxy makes itself to these, in one write too
         try:
             for frame in frames:
@@ -420,6 +437,10 @@ class Pipeline(ConnectionFlow):
                     return
                 self._take_request(frame)
         finally:
+            if read is not None and self._upstream_batch is batch and _frames_of(batch, frames):
+                self._upstream_batch = None
+                assert self.upstream is not None
+                self.upstream.write(read)
             self._flush_upstream_batch()
             self._flush_client_batch()
 
@@ -451,7 +472,7 @@ class Pipeline(ConnectionFlow):
                 finally:
                     self._read_request, self._read_request_wire = None, b""
             else:
-                self._take_requests(frames)
+                self._take_requests(frames, data)
         else:
             if frames:
                 self._take_requests(frames)
@@ -644,15 +665,20 @@ class Pipeline(ConnectionFlow):
             return
         self._take_responses(frames)
 
-    def _take_responses(self, frames: list[Any]) -> None:
-        """The frames of one read, their writes to the client collected into one."""
-        self._client_batch = []
+    def _take_responses(self, frames: list[Any], read: bytes | None = None) -> None:
+        """The frames of one read, their writes to the client collected into one; ``read`` as
+        for ``_take_requests``."""
+        batch: list[bytes | bytearray] = []
+        self._client_batch = batch
         try:
             for frame in frames:
                 if self.closed:
                     return
                 self._take_response(frame)
         finally:
+            if read is not None and self._client_batch is batch and _frames_of(batch, frames):
+                self._client_batch = None
+                self.client.write(read)
             self._flush_client_batch()
 
     def upstream_data(self, data: bytes) -> None:
@@ -677,10 +703,12 @@ class Pipeline(ConnectionFlow):
                 self._take_response(frame)
             finally:
                 self._read_response, self._read_response_wire = None, b""
+        elif taken == len(data):
+            self._take_responses(frames, data)
         else:
             if frames:
                 self._take_responses(frames)
-            if taken < len(data) and not self.closed:
+            if not self.closed:
                 self._feed_responses(memoryview(data)[taken:])
         if self.responses.large_frames and not self.closed:
             self.read_upstream_into_buffers()
@@ -722,7 +750,7 @@ class Pipeline(ConnectionFlow):
             self.mute(entry.throttle_ms)
         self._answered(entry)
         self.flush_local()
-        if self.server.draining and self.idle:
+        if self._shutdown.draining and self.idle:
             self.close("drained for shutdown", level=logging.INFO)
 
     def _response(self, frame: bytes | bytearray) -> None:

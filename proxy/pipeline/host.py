@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from proxy.net.brokers import BrokerDirectory
     from proxy.net.tls import ListenerTlsContext
     from proxy.pipeline.connection import Pipeline
+    from proxy.pipeline.flow import Shutdown
     from proxy.pipeline.stages.chain import StageSet
     from proxy.shared.quota_api import QuotaApiService
     from proxy.shared.throttling import QuotaEnforcer
@@ -52,7 +53,7 @@ class Host(Protocol):
     volume: VolumeService | None
     quota_api: QuotaApiService | None
     stages: StageSet
-    draining: bool
+    shutdown: Shutdown  # draining for shutdown
 
     def upstream_ssl(self) -> ssl.SSLContext | None: ...
     def sasl_naming(self) -> SaslNaming: ...
