@@ -141,9 +141,11 @@ class Piece:
 class FrameDecoder:
     """Splits a byte stream into frames (payloads without the size prefix).
 
-    Two ways in: ``feed(data)`` for bytes that already arrived, or the buffered pair
-    ``get_buffer()`` / ``written(n)`` for an ``asyncio.BufferedProtocol``, where the socket reads
-    straight into the decoder's memory. Small frames are gathered in a scratch buffer; a large
+    Ways in: ``feed(data)`` for bytes that already arrived; the buffered pair ``get_buffer()`` /
+    ``written(n)`` for an ``asyncio.BufferedProtocol``, where the socket reads straight into the
+    decoder's memory; and ``take_whole(data, frames)`` for a read handed over as ``bytes``, the
+    frames it holds whole sliced out of it (the rest then goes in by the buffered pair).
+    Small frames are gathered in a scratch buffer; a large
     frame gets its own buffer of exactly its size, allocated once its size prefix is checked,
     and the socket then writes its payload directly into it: no copy in user space. The scratch
     buffer is released whenever it holds nothing, so an idle connection costs no buffer memory.

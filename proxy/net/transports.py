@@ -95,4 +95,5 @@ def _made_already(transport: asyncio.Transport) -> Pipeline:
 
 class UpstreamProtocol(UpstreamReads, asyncio.BufferedProtocol):
     """The pipeline's broker connection: the socket reads straight into its response decoder
-    (the per-read calls are UpstreamReads', compiled)."""
+    (the per-read calls are UpstreamReads', compiled). TLS connections, and plaintext ones once
+    a large response came or a Fetch went up (``read_into_buffers``)."""
