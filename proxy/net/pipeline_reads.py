@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from proxy.pipeline.connection import Pipeline
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)  # transports.ClientProtocol, and its TLS subclass
+@mypyc_attr(allow_interpreted_subclasses=True)  # the protocols of transports.py, and their subclasses
 class ClientReads:
     """A client connection's reads go straight into its pipeline's request decoder. ``pipeline``
     is set once the transport is made (``connection_made``, in the subclass)."""

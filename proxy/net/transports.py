@@ -44,10 +44,9 @@ def close_bounded(transport: asyncio.Transport, loop: asyncio.AbstractEventLoop)
         loop.call_later(CLOSE_FLUSH_SECONDS, transport.abort)
 
 
-class ClientProtocol(ClientReads, asyncio.BufferedProtocol):
-    """A client connection: the socket reads straight into the pipeline's request decoder (the
-    per-read calls are ClientReads', compiled). TLS connections, and plaintext ones once a
-    large frame came (``read_into_buffers``)."""
+class _MakesItsPipeline(ClientReads):
+    """A client connection's protocol, which makes its pipeline once the connection is made
+    (the server's factory has no transport to give it before)."""
 
     def __init__(self, make_pipeline: Callable[[asyncio.Transport], Pipeline]) -> None:
         super().__init__()
@@ -58,18 +57,17 @@ class ClientProtocol(ClientReads, asyncio.BufferedProtocol):
         self.pipeline = self.make_pipeline(cast(asyncio.Transport, transport))
 
 
-class PlainClientProtocol(ClientReads, asyncio.Protocol):
+class ClientProtocol(_MakesItsPipeline, asyncio.BufferedProtocol):
+    """A client connection: the socket reads straight into the pipeline's request decoder (the
+    per-read calls are ClientReads', compiled). TLS connections, and plaintext ones once a
+    large frame came (``read_into_buffers``)."""
+
+
+class PlainClientProtocol(_MakesItsPipeline, asyncio.Protocol):
     """A plaintext client connection, read as ``bytes`` (``Pipeline.client_data``): an
     ``asyncio.Protocol`` (never a ``BufferedProtocol``), so the event loop hands each read over
     whole instead of asking for a buffer first. For small frames that is one call a read, not
     two, and a request that was all of a read goes on as the very bytes read."""
-
-    def __init__(self, make_pipeline: Callable[[asyncio.Transport], Pipeline]) -> None:
-        super().__init__()
-        self.make_pipeline = make_pipeline
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.pipeline = self.make_pipeline(cast(asyncio.Transport, transport))
 
 
 class PlainUpstreamProtocol(UpstreamReads, asyncio.Protocol):
