@@ -116,6 +116,47 @@ def _give_scratch(scratch: bytearray, view: memoryview) -> None:
         pool.count += 1
 
 
+# Streamed frames' buffers, given back once every piece of a frame was written out, for the next
+# streamed frame on any connection: a fresh one is a malloc and a memset of up to 1 MiB, once per
+# frame of a bulk produce (a byte zeroed for every byte streamed). Spares are kept by the largest
+# power of two not above their length (from 64 KiB), at most this many of each: 12 MiB in all.
+SPARE_CHUNKS_PER_SIZE: Final = 4
+_SMALLEST_SPARE: Final = 64 * 1024
+_spare_chunks: Final[dict[int, list[bytearray]]] = {}
+
+
+def _take_chunk(wanted: int) -> bytearray:
+    """A buffer of at least ``wanted`` bytes for a streamed frame (its contents stale): a spare
+    that holds it if there is one (of its size, or of the next), else a new one of just that many
+    bytes (a larger one would be zeroed all through, and might never come back)."""
+    size = _spare_size(wanted)
+    for kept in (size, 2 * size):
+        spare = _spare_chunks.get(kept)
+        if spare:
+            for index in range(len(spare) - 1, -1, -1):
+                if len(spare[index]) >= wanted:
+                    return spare.pop(index)
+    return bytearray(wanted)
+
+
+def _spare_size(length: int) -> int:
+    """The size a buffer of ``length`` bytes is kept by: the largest power of two not above it,
+    from 64 KiB."""
+    size = _SMALLEST_SPARE
+    while size * 2 <= length:
+        size *= 2
+    return size
+
+
+def _give_chunk(chunk: bytearray) -> None:
+    """A buffer none of whose pieces is held by anything any more."""
+    if len(chunk) < _SMALLEST_SPARE:
+        return
+    spare = _spare_chunks.setdefault(_spare_size(len(chunk)), [])
+    if len(spare) < SPARE_CHUNKS_PER_SIZE:
+        spare.append(chunk)
+
+
 class FrameHead:
     """A large frame has begun: its payload size and first bytes (a view valid until the next
     call into the decoder). ``FrameDecoder.stream()`` takes it; otherwise it is gathered whole.
@@ -223,7 +264,7 @@ class FrameDecoder:
         if self._stream_left:
             chunk = self._chunk
             if chunk is None or self._chunk_filled == len(chunk):
-                chunk = self._chunk = bytearray(min(self._stream_left, self.stream_chunk_bytes))
+                chunk = self._chunk = _take_chunk(min(self._stream_left, self.stream_chunk_bytes))
                 self._chunk_filled = self._chunk_emitted = 0
             return memoryview(chunk)[self._chunk_filled : self._chunk_filled + self._stream_left]
         if self._offered:
@@ -252,10 +293,9 @@ class FrameDecoder:
             if self._chunk_filled < len(chunk) and self._stream_left:
                 return []  # gathered into fewer, larger writes: out once the buffer is full
             start, self._chunk_emitted = self._chunk_emitted, self._chunk_filled
-            piece = Piece(memoryview(chunk)[start : self._chunk_filled], not self._stream_left)
-            if not self._stream_left:
-                self._chunk = None
-            return [piece]
+            # At the frame's end the buffer stays until the caller says whether its pieces were
+            # all written out (reuse_chunk: spare for the next frame) or not (let_chunk_go).
+            return [Piece(memoryview(chunk)[start : self._chunk_filled], not self._stream_left)]
         if self._big is not None:
             self._big_filled += n
             if self._big_filled < self._big_size:
@@ -379,6 +419,7 @@ class FrameDecoder:
         comes out of ``written`` as ``Piece``s."""
         assert self._offered and self._scratch is not None
         self._offered = False
+        self.let_chunk_go()  # the last frame's buffer, if no one said its pieces were written
         begin = self._start + 4
         size: int = SIZE.unpack_from(self._scratch, self._start)[0]
         head = bytes(self._scratch[begin : self._end])
@@ -401,8 +442,21 @@ class FrameDecoder:
     def reuse_chunk(self) -> None:
         """Every piece of the current buffer has been written out and no view of it is kept
         anywhere: read the streamed frame's next bytes into it again, from its start (a fresh
-        buffer per chunk costs an allocation and its page faults)."""
+        buffer per chunk costs an allocation and its page faults); the frame over, the buffer
+        is a spare for the next streamed frame, on any connection."""
         if self._chunk_emitted == self._chunk_filled:
+            self._chunk_filled = self._chunk_emitted = 0
+            chunk = self._chunk
+            if not self._stream_left and chunk is not None:
+                self._chunk = None
+                _give_chunk(chunk)
+
+    def let_chunk_go(self) -> None:
+        """The streamed frame is over but a piece of its buffer is still held (a transport has
+        not written it all): the decoder forgets the buffer, which is freed with the last view
+        of it, never handed out again."""
+        if not self._stream_left:
+            self._chunk = None
             self._chunk_filled = self._chunk_emitted = 0
 
     def _grow_big(self) -> None:

@@ -93,6 +93,8 @@ class FrameStreams:
         upstream.write(piece.data)
         if not upstream.get_write_buffer_size():
             conn.requests.reuse_chunk()  # the kernel has it all: no view of the buffer is kept
+        elif piece.last:
+            conn.requests.let_chunk_go()
         if piece.last:
             self.request_open = False
             for frame in self.after_request:
@@ -207,6 +209,8 @@ class FrameStreams:
             conn.client.write(data)
         if not conn.client.get_write_buffer_size():
             conn.responses.reuse_chunk()  # the kernel has it all: no view of the buffer is kept
+        elif piece.last:
+            conn.responses.let_chunk_go()
         if not piece.last:
             return
         if self.filter is not None:

@@ -243,6 +243,54 @@ def test_a_streamed_frame_reuses_its_buffer_once_its_pieces_are_written() -> Non
     assert len(buffers) == 1
 
 
+def _stream_one(dec: FrameDecoder, size: int, fill: int, written: bool) -> list[memoryview]:
+    """Stream a frame of ``size`` bytes of ``fill`` through ``dec``; its pieces' views. After each
+    piece the caller says what the pipeline would: all written (``written``) or still held."""
+    first = dec.get_buffer()
+    first[:4] = struct.pack(">i", size)
+    first[4:1004] = bytes([fill]) * 1000
+    dec.written(1004)
+    dec.stream()
+    views, left = [], size - 1000
+    while left:
+        target = dec.get_buffer()
+        n = min(len(target), 50_000, left)
+        target[:n] = bytes([fill]) * n
+        left -= n
+        for piece in dec.written(n):
+            views.append(piece.data)
+            if written:
+                dec.reuse_chunk()
+            elif piece.last:
+                dec.let_chunk_go()
+    return views
+
+
+def test_streamed_frames_one_after_another_share_a_buffer_once_their_pieces_are_written() -> None:
+    """A frame over and its pieces all written, its buffer serves the next streamed frame, on this
+    connection or another: no allocation and no zeroing per frame."""
+    first, second = FrameDecoder(stream_from=64 * 1024), FrameDecoder(stream_from=64 * 1024)
+    buffers = set()
+    for n, dec in enumerate((first, second, first, second)):
+        views = _stream_one(dec, 200 * 1024, n, written=True)
+        buffers.update(id(view.obj) for view in views)
+        assert dec.allocated == 0  # the spare is the pool's, not the idle connection's
+    assert len(buffers) == 1
+
+
+def test_a_streamed_frames_buffer_still_held_is_never_handed_out_again() -> None:
+    """A transport still holds the last pieces (not written): those bytes stay as they were while
+    other frames stream, on any connection."""
+    dec = FrameDecoder(stream_from=64 * 1024)
+    held = _stream_one(dec, 200 * 1024, 7, written=False)
+    kept = [bytes(view) for view in held]
+    for n in range(4):
+        _stream_one(dec, 200 * 1024, 100 + n, written=True)
+        _stream_one(FrameDecoder(stream_from=64 * 1024), 200 * 1024, 150 + n, written=True)
+        _stream_one(dec, 90 * 1024, 200 + n, written=False)
+    assert [bytes(view) for view in held] == kept
+
+
 def test_connections_taking_turns_share_spare_scratch_buffers_and_keep_their_frames() -> None:
     """A decoder that holds nothing gives its scratch back for the next read on any connection:
     the frames it returned are copies, so a buffer reused elsewhere changes none of them."""
