@@ -10,10 +10,6 @@ shown to the filter and written into the same pipe, so the order on the wire is 
 the filter holds back at the end go out once it has finished them. The pipe is filled before it
 is drained: the client gets the response in writes of up to 1 MiB, as a streamed one's pieces.
 
-A transfer's pipe, empty at its end, is kept as a spare for the next (at most SPARE_PIPES of
-them): a pipe made, resized to 1 MiB and closed per response was five more system calls and a
-ring's allocation each. One whose transfer failed may hold bytes and is closed.
-
 The transports keep their sockets: the pipeline pauses the broker side's reads meanwhile, and
 the client side has nothing of its own to write (a streamed response goes first). This module
 waits on duplicates of the two descriptors, as an event loop refuses a second watcher on a
@@ -103,54 +99,23 @@ class PipeTooSmall(OSError):
     lower. Splicing through a pipe of a page or two would cost more than the copy it saves."""
 
 
-# Empty pipes of past transfers, (read end, write end, size), for the next ones. Pipes count
-# against a per-user budget (64 of 1 MiB by default): a few spares, not one per connection.
-SPARE_PIPES: Final = 4
-_spare_pipes: list[tuple[int, int, int]] = []
-
-
-def _new_pipe() -> tuple[int, int, int]:
-    """A pipe of PIPE_BYTES where the budget allows: (read end, write end, size)."""
-    pipe_out, pipe_in = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        with contextlib.suppress(OSError):  # over pipe-max-size or the budget: said below
-            fcntl.fcntl(pipe_in, _F_SETPIPE_SZ, PIPE_BYTES)
-        size: int = fcntl.fcntl(pipe_in, _F_GETPIPE_SZ)
-    except OSError:
-        os.close(pipe_out)
-        os.close(pipe_in)
-        raise
-    return pipe_out, pipe_in, size
-
-
-def spare_pipes() -> int:
-    """Empty pipes kept for the next transfers."""
-    return len(_spare_pipes)
-
-
-def close_spare_pipes() -> None:
-    """Give the spare pipes back (their descriptors and their share of the pipe budget)."""
-    while _spare_pipes:
-        pipe_out, pipe_in, _ = _spare_pipes.pop()
-        os.close(pipe_out)
-        os.close(pipe_in)
-
-
 class SpliceLink:
     """One transfer's pipe and duplicates of the two socket descriptors (the event loop refuses
-    a second watcher on a transport's own). The duplicates are closed at the transfer's end;
-    the pipe, emptied, becomes a spare (``close(empty=True)``), or is closed."""
+    a second watcher on a transport's own). Made per transfer and closed at its end: pipes count
+    against a per-user budget, so only the responses under way hold one."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, source_fd: int, sink_fd: int) -> None:
         self.loop = loop
         self.closed = False
         self._fds: list[int] = []
-        self._pipe: tuple[int, int, int] | None = None
         try:
             self.source = self._keep(os.dup(source_fd))
             self.sink = self._keep(os.dup(sink_fd))
-            self._pipe = _spare_pipes.pop() if _spare_pipes else _new_pipe()
-            self.pipe_out, self.pipe_in, self.pipe_bytes = self._pipe
+            self.pipe_out, self.pipe_in = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            self._fds += (self.pipe_out, self.pipe_in)
+            with contextlib.suppress(OSError):  # over pipe-max-size or the budget: said below
+                fcntl.fcntl(self.pipe_in, _F_SETPIPE_SZ, PIPE_BYTES)
+            self.pipe_bytes: int = fcntl.fcntl(self.pipe_in, _F_GETPIPE_SZ)
             if self.pipe_bytes < MIN_PIPE_BYTES:
                 raise PipeTooSmall(f"a pipe of {self.pipe_bytes} bytes (fs.pipe-user-pages-soft spent?)")
         except OSError:
@@ -161,21 +126,11 @@ class SpliceLink:
         self._fds.append(fd)
         return fd
 
-    def close(self, empty: bool = False) -> None:
-        """``empty``: the transfer moved all it put into the pipe, which may serve another."""
-        if self.closed:
-            return
-        self.closed = True
-        for fd in self._fds:
-            os.close(fd)
-        pipe, self._pipe = self._pipe, None
-        if pipe is None:
-            return
-        if empty and pipe[2] >= MIN_PIPE_BYTES and len(_spare_pipes) < SPARE_PIPES:
-            _spare_pipes.append(pipe)
-        else:
-            os.close(pipe[0])
-            os.close(pipe[1])
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            for fd in self._fds:
+                os.close(fd)
 
 
 class SpliceFailed(Exception):
@@ -188,9 +143,9 @@ class SpliceFailed(Exception):
 
 class SpliceTransfer:
     """Moves ``left`` bytes of one response from the broker's socket to the client's, through
-    ``link`` (closed at the end, its pipe a spare if empty). ``done`` is called once all went
-    out; ``failed`` with a SpliceFailed on an error or an early end (the pipeline then closes the
-    connection: the client got part of a response). The filter, if any, sees every byte it does not skip, in
+    ``link`` (closed at the end). ``done`` is called once all went out; ``failed`` with a
+    SpliceFailed on an error or an early end (the pipeline then closes the connection: the
+    client got part of a response). The filter, if any, sees every byte it does not skip, in
     order, as a streamed response's does."""
 
     def __init__(
@@ -230,10 +185,10 @@ class SpliceTransfer:
             self.over = True
             self._stop()
 
-    def _stop(self, empty: bool = False) -> None:
+    def _stop(self) -> None:
         with contextlib.suppress(OSError, ValueError, RuntimeError):
             self._watch(_NOTHING)
-        self.link.close(empty=empty and not self.in_pipe and not self.pending)
+        self.link.close()
 
     def _watch(self, what: int) -> None:
         if what == self._watching:
@@ -267,7 +222,7 @@ class SpliceTransfer:
 
     def _end(self, error: SpliceFailed | None) -> None:
         self.over = True
-        self._stop(empty=error is None)
+        self._stop()
         if error is None:
             self.done()
         else:

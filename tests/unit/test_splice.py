@@ -65,14 +65,6 @@ def loop(request: pytest.FixtureRequest) -> Iterator[asyncio.AbstractEventLoop]:
     made.close()
 
 
-@pytest.fixture(autouse=True)
-def no_spare_pipes() -> Iterator[None]:
-    """Each test starts and ends with no spare pipe (they outlive a transfer by design)."""
-    splice.close_spare_pipes()
-    yield
-    splice.close_spare_pipes()
-
-
 @pytest.fixture
 def sockets() -> Iterator[Sockets]:
     made = Sockets()
@@ -311,11 +303,8 @@ def test_a_broker_that_leaves_mid_response_fails_the_transfer(
     """The client got part of a response: the pipeline closes its connection on this."""
     sockets.broker.sendall(b"x" * 100_000)
     sockets.broker.shutdown(socket.SHUT_WR)
-    before = _open_descriptors()
     with pytest.raises(ConnectionError, match="broker: the broker closed the connection 900000 bytes before"):
         _transfer(loop, sockets, 1_000_000)
-    assert splice.spare_pipes() == 0  # its pipe may hold bytes: closed, not kept
-    assert _open_descriptors() == before
 
 
 def test_a_cancelled_transfer_calls_nothing_back(loop: asyncio.AbstractEventLoop, sockets: Sockets) -> None:
@@ -327,7 +316,6 @@ def test_a_cancelled_transfer_calls_nothing_back(loop: asyncio.AbstractEventLoop
         transfer.start()  # nothing has come: it waits on the broker's socket
         transfer.cancel()
         assert link.closed
-        assert splice.spare_pipes() == 0  # it may hold bytes of the response: never reused
         sockets.broker.sendall(b"y" * 1000)
         await asyncio.sleep(0.05)
 
@@ -392,31 +380,11 @@ def test_a_pipe_below_its_floor_is_refused_and_leaks_nothing(
     assert _open_descriptors() == before
 
 
-def test_a_transfer_closes_its_link_and_keeps_its_emptied_pipe_for_the_next(
-    loop: asyncio.AbstractEventLoop, sockets: Sockets
-) -> None:
-    """The socket duplicates go at the end; the pipe, empty, serves the next transfer (no pipe
-    made per response), and the next response's bytes are all its own."""
+def test_a_transfer_closes_its_link(loop: asyncio.AbstractEventLoop, sockets: Sockets) -> None:
     before = _open_descriptors()
-    for n, fill in enumerate((b"w", b"v", b"u")):
-        sender = _send(sockets.broker, fill * 200_000)
-        reader = Reader(sockets.reader, 200_000)
-        _transfer(loop, sockets, 200_000)
-        assert reader.result() == fill * 200_000, f"transfer {n}"
-        sender.join(5)
-        assert splice.spare_pipes() == 1
-        assert _open_descriptors() == before + 2  # the spare pipe's two ends, nothing more
-    splice.close_spare_pipes()
+    sender = _send(sockets.broker, b"w" * 200_000)
+    reader = Reader(sockets.reader, 200_000)
+    _transfer(loop, sockets, 200_000)
+    assert reader.result() == b"w" * 200_000
     assert _open_descriptors() == before
-
-
-def test_spare_pipes_are_bounded(loop: asyncio.AbstractEventLoop, sockets: Sockets) -> None:
-    """Transfers at once each have a pipe; at their ends only SPARE_PIPES stay."""
-    links = [
-        SpliceLink(loop, sockets.upstream.fileno(), sockets.client.fileno())
-        for _ in range(splice.SPARE_PIPES + 2)
-    ]
-    assert len({link.pipe_in for link in links}) == len(links)
-    for link in links:
-        link.close(empty=True)
-    assert splice.spare_pipes() == splice.SPARE_PIPES
+    sender.join(5)
