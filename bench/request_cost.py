@@ -294,7 +294,7 @@ def relay_cost(
     tls: ssl.SSLContext | None = None,
 ) -> float:
     run = functools.partial(drive, frames=frames, requests=requests, rate=rate, tls=tls)
-    return relay_floor.relay_cpu(relay, run, responder.socket)
+    return float(relay_floor.relay_cpu(relay, run, responder.socket))
 
 
 def proxy_cost(
@@ -309,7 +309,7 @@ def proxy_cost(
     pid = proxy.proc.pid
     before = sum(relay_floor.cpu_times(pid))
     drive(("127.0.0.1", port), frames, requests, rate, tls=tls)
-    return sum(relay_floor.cpu_times(pid)) - before
+    return float(sum(relay_floor.cpu_times(pid)) - before)
 
 
 def sidecar(

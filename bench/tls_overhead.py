@@ -149,7 +149,7 @@ def main() -> None:
                 own[name][workload].append(cpu)
                 line += f", {'relay' if name == 'relay' else 'proxy'} CPU {cpu:.2f} s/GB"
             print(line, flush=True)
-            return result["rate"]
+            return float(result["rate"])
 
         for rnd in range(args.rounds):
             order = list(paths.items())

@@ -113,10 +113,11 @@ def confluent(job: Job, tally: Tally, stop: threading.Event) -> None:
     consumer.subscribe([job.topic])
     while not stop.is_set():
         for msg in consumer.consume(num_messages=1000, timeout=0.25):
-            if msg.error() is None:
+            error = msg.error()
+            if error is None:
                 tally.add(len(msg.value() or b""))
-            elif msg.error().code() != KafkaError._PARTITION_EOF:
-                tally.error(msg.error())
+            elif error.code() != KafkaError._PARTITION_EOF:
+                tally.error(error)
     consumer.close()
 
 
@@ -208,7 +209,7 @@ async def _aiokafka(job: Job, tally: Tally, stop: threading.Event) -> None:
     await consumer.start()
     while not stop.is_set():
         batch = await consumer.getmany(timeout_ms=250)
-        tally.add(sum(len(r.value or b"") for records in batch.values() for r in records))  # type: ignore[misc]
+        tally.add(sum(len(r.value or b"") for records in batch.values() for r in records))
     await consumer.stop()
 
 

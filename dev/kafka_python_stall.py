@@ -116,7 +116,7 @@ def apply_java_fix() -> None:
             self.request_rejoin()
         return bool(original(self))
 
-    ConsumerCoordinator.need_rejoin = need_rejoin  # type: ignore[method-assign]
+    ConsumerCoordinator.need_rejoin = need_rejoin
 
 
 def run(delay: float, wait: float, java_fix: bool) -> dict[str, Any]:

@@ -41,7 +41,7 @@ def previous_commit() -> str:
     def when(commit: str) -> int:
         return int(_git("log", "-1", "--format=%ct", commit).stdout)
 
-    return max(commits, key=when)
+    return str(max(commits, key=when))
 
 
 def checkout(dest: Path, commit: str | None = None) -> Path:

@@ -107,9 +107,9 @@ class Relay:
 
 def _confluent(bootstrap: str, sasl: dict[str, str] | None = None) -> None:
     from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-    from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+    from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic  # type: ignore[attr-defined]
 
-    base = {"bootstrap.servers": bootstrap, **(sasl or {})}
+    base: dict[str, str | int | float | bool] = {"bootstrap.servers": bootstrap, **(sasl or {})}
     suffix = "sasl" if sasl else "plain"
     admin = AdminClient(base)
     topic = f"ck-{suffix}-{int(time.time())}"

@@ -26,6 +26,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -221,12 +222,13 @@ def write(tree: Path, out: Path, commit: str) -> None:
     for name in [m for m in sys.modules if m.split(".")[0] in ("proxy", "quota", "protocol", "dev")]:
         del sys.modules[name]
     manifest: dict[str, str] = {}
-    for part, step in (
+    steps: tuple[tuple[str, Callable[[Path], None]], ...] = (
         ("config", lambda d: _write_configs(tree, d, manifest)),
         ("capture", lambda d: _write_capture(d, manifest)),
         ("exchange", lambda d: _write_exchange(d, manifest)),
         ("quota_api", lambda d: _write_quota_api(d, manifest)),
-    ):
+    )
+    for part, step in steps:
         (out / part).mkdir(parents=True)
         step(out / part)
     doc = {"commit": commit, "written_by": "dev/release_fixtures.py", "files": dict(sorted(manifest.items()))}

@@ -520,6 +520,15 @@ class Pipeline(ConnectionFlow):
         else:
             collect_frame(self.client, batch, payload)
 
+    def _write_client_parts(self, head: bytes | bytearray, tail: memoryview) -> None:
+        """A response changed at its start only (a Metadata answer's brokers): its size, the
+        changed start and the broker's bytes after it in one writev, none of them copied."""
+        batch = self._client_batch
+        if batch:
+            write_batch(self.client, batch)
+            batch.clear()
+        self.client.writelines((size_prefix(len(head) + len(tail)), head, tail))
+
     def _request(self, frame: bytes | bytearray) -> None:
         try:
             header = parse_request_header(frame, self._last_client_id)
@@ -772,6 +781,7 @@ class Pipeline(ConnectionFlow):
         # starts when the one before it was answered.
         entry.busy = now - max(entry.sent_at, self.last_response_at)
         self.last_response_at = now
+        tail: memoryview | None = None
         if entry.stages or entry.throttle_ms:
             resp = Response(entry, frame)
             try:
@@ -783,10 +793,15 @@ class Pipeline(ConnectionFlow):
                 self.metrics.upstream_errors.labels("undecodable-response").inc()
                 self.close(f"cannot rewrite {api_name(entry.api_key)} v{entry.api_version} response: {exc}")
                 return
+            tail = resp.tail
+        size = len(frame) if tail is None else len(frame) + len(tail)
         upstream = now - entry.sent_at
-        self.traffic(entry.api_key).response(len(frame) + 4, upstream)
-        self.bytes_out += len(frame) + 4
+        self.traffic(entry.api_key).response(size + 4, upstream)
+        self.bytes_out += size + 4
         for watcher in entry.watchers:
             watcher.on_done(entry, upstream * 1000)
-        self._write_client(frame)
+        if tail is None:
+            self._write_client(frame)
+        else:
+            self._write_client_parts(frame, tail)
         self.sent(entry)

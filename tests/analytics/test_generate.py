@@ -32,7 +32,7 @@ def test_files_records_and_schema(small: tuple[GeneratedTruth, object]) -> None:
     for f in truth.files:
         schema = pq.read_schema(f)
         # (list item names are the Parquet writer's business: compare without them)
-        assert schema.equals(expected), f  # type: ignore[arg-type]
+        assert schema.equals(expected), f
         assert schema.metadata == expected.metadata == {CAPTURE_VERSION_KEY.encode(): b"1"}  # type: ignore[attr-defined]
     assert sum(truth.counts.values()) == 60_000
 

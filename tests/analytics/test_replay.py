@@ -399,7 +399,7 @@ def synthetic(seed: int = 1) -> list[dict[str, Any]]:
     def stream(
         user: str, client: str, api: int, every_ms: float, size: int, parts: list[str], **kw: Any
     ) -> None:
-        t = T0 + rng.randrange(1000)
+        t: float = T0 + rng.randrange(1000)
         while t < T0 + 60_000:
             ps = [part(p, rng.randrange(3), rng.randrange(size // 2 + 1)) for p in parts]
             fields = (

@@ -289,7 +289,7 @@ def test_refuses_unreadable_and_empty(tmp_path: Path, capsys: Any) -> None:
     (tmp_path / "in" / "capture-x.parquet").write_bytes(b"not parquet at all")
     assert "unreadable" in _refused(tmp_path / "in", tmp_path, capsys)
     assert "no such file" in _refused(tmp_path / "missing", tmp_path, capsys)
-    empty = pa.Table.from_batches([], schema=arrow_schema())  # type: ignore[arg-type]
+    empty = pa.Table.from_batches([], schema=arrow_schema())
     (tmp_path / "in" / "capture-x.parquet").unlink()
     _write(tmp_path / "in" / "capture-y.parquet", empty)
     assert "no records" in _refused(tmp_path / "in", tmp_path, capsys)

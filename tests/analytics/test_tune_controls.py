@@ -104,7 +104,7 @@ def joins() -> list[dict[str, Any]]:
 
 def write(rows: list[dict[str, Any]], directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema()), directory / "capture.parquet")  # type: ignore[arg-type]
+    pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema()), directory / "capture.parquet")
     return directory
 
 

@@ -18,7 +18,7 @@ import sys
 import threading
 import urllib.parse
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -354,14 +354,14 @@ KAFKA_APIS = [ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA, ApiKey.API_VERSIONS
 class KafkaStandIn:
     """Answers each ApiVersions request it gets with the given API list; records the requests."""
 
-    def __init__(self, api_keys: list[int], tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, api_keys: Sequence[int], tls: ssl.SSLContext | None = None) -> None:
         self.api_keys = api_keys
         self.tls = tls
         self.requests: list[tuple[frames.RequestHeader, dict[str, Any]]] = []
         self.server_names: list[str | None] = []
         self.errors: list[BaseException] = []
         if tls is not None:
-            tls.sni_callback = lambda _sock, name, _ctx: self.server_names.append(name)  # type: ignore[assignment]
+            tls.sni_callback = lambda _sock, name, _ctx: self.server_names.append(name)
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         threading.Thread(target=self._serve, daemon=True).start()

@@ -93,7 +93,7 @@ def test_usage_alerts_fire_once_sustained_and_name_the_entity(
         {"series": USAGE.format(cid="blip", inst="a"), "values": "0.9 0.9 0.9 0.3x7"},  # not sustained
         {"series": USAGE.format(cid="__other__", inst="a"), "values": "1x10"},  # no entity to name
     ]
-    checks = [
+    checks: list[dict[str, Any]] = [
         {"eval_time": "4m", "alertname": "KthrottleQuotaUsageHigh", "exp_alerts": []},
         {"eval_time": "4m", "alertname": "KthrottleQuotaReached", "exp_alerts": []},
         {

@@ -17,6 +17,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 import yaml
@@ -73,7 +74,7 @@ def container(
     """The image running in front of the broker: (engine, container name, its config)."""
     engine, run_args, _ = image
     cfg = gateway_config(kafka_broker, drain_seconds=10)
-    cfg["admin"] = {"host": "127.0.0.1", "port": cfg["admin"]["port"]}  # type: ignore[index]
+    cfg["admin"] = {"host": "127.0.0.1", "port": cfg["admin"]["port"]}
     etc = tmp_path / "etc"
     etc.mkdir()
     (etc / "kthrottle.yaml").write_text(yaml.safe_dump(cfg))
@@ -99,7 +100,7 @@ def container(
             "--security-opt",
             "no-new-privileges",
             "-e",
-            f"KTHROTTLE_ADMIN_PORT={cfg['admin']['port']}",  # type: ignore[index]
+            f"KTHROTTLE_ADMIN_PORT={cfg['admin']['port']}",
             *run_args,
             "-v",
             f"{etc}:/etc/kthrottle:ro",
@@ -180,7 +181,7 @@ def test_image_runs_read_only_non_root_and_drains_on_sigterm(
     while len(got) < len(sent) and time.monotonic() < deadline:
         for msg in consumer.consume(num_messages=500, timeout=1.0):
             if msg.error() is None:
-                got.append(msg.value())
+                got.append(cast(bytes, msg.value()))
     consumer.close()
     assert sorted(got) == sorted(sent)
 
@@ -236,7 +237,7 @@ def test_image_runs_read_only_non_root_and_drains_on_sigterm(
     while not acknowledged <= in_topic and time.monotonic() < deadline:
         for msg in direct.consume(num_messages=1000, timeout=1.0):
             if msg.error() is None:
-                in_topic.add(msg.value())
+                in_topic.add(cast(bytes, msg.value()))
     direct.close()
     assert acknowledged <= in_topic, f"{len(acknowledged - in_topic)} acknowledged messages missing"
 

@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from dev.kafka_python_group import group_consumer
 
@@ -113,7 +113,7 @@ async def _aiokafka(
         while len(got) < len(msgs) and time.monotonic() < deadline:
             batch = await consumer.getmany(timeout_ms=1000)
             for records in batch.values():
-                got.extend((r.key, r.value) for r in records)  # type: ignore[misc]
+                got.extend((r.key, r.value) for r in records)
         await consumer.commit()
     finally:
         await consumer.stop()
@@ -143,7 +143,9 @@ def confluent_roundtrip(
     timeout: float = 60,
 ) -> list[Message]:
     from confluent_kafka import Consumer, Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
+
+    # confluent-kafka's typing: admin imports NewTopic from cimpl without re-exporting it
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for fut in admin.create_topics([NewTopic(topic, partitions, replication)]).values():
@@ -181,7 +183,7 @@ def confluent_roundtrip(
         while len(got) < len(msgs) and time.monotonic() < deadline:
             for record in consumer.consume(num_messages=500, timeout=1.0):
                 if record.error() is None:
-                    got.append((record.key(), record.value()))
+                    got.append((cast(bytes, record.key()), cast(bytes, record.value())))
         consumer.commit(asynchronous=False)
     finally:
         consumer.close()
@@ -193,7 +195,8 @@ def confluent_brokers_seen(bootstrap: str) -> set[tuple[str, int]]:
     from confluent_kafka.admin import AdminClient
 
     md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30)
-    return {(b.host, b.port) for b in md.brokers.values()}
+    # confluent-kafka's BrokerMetadata sets host = None in __init__, so its host is typed None
+    return {(cast(str, b.host), b.port) for b in md.brokers.values()}
 
 
 def kafka_python_brokers_seen(bootstrap: str) -> set[tuple[str, int]]:

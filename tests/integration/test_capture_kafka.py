@@ -30,7 +30,9 @@ COUNTS = {0: 120, 1: 80}  # messages the client produces, per partition
 def _roundtrip(bootstrap: str, topic: str) -> int:
     """Create the topic, produce COUNTS, consume them all back; returns the messages consumed."""
     from confluent_kafka import Consumer, Producer, TopicPartition
-    from confluent_kafka.admin import AdminClient, NewTopic
+
+    # confluent-kafka's typing: admin imports NewTopic from cimpl without re-exporting it
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": bootstrap, "client.id": "sink-admin"})
     admin.create_topics([NewTopic(topic, len(COUNTS), 1)])[topic].result(30)

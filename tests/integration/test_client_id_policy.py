@@ -96,7 +96,7 @@ def run(kafka_sasl_broker: KafkaCluster, tmp_path_factory: pytest.TempPathFactor
     cluster.create_topic(topic, partitions=2)
     cluster.create_topic(refused_topic)
     cfg = gateway_config(cluster)
-    cfg["gateway"]["upstream_bootstrap"] = cluster.sasl_bootstrap_servers.split(",")  # type: ignore[index]
+    cfg["gateway"]["upstream_bootstrap"] = cluster.sasl_bootstrap_servers.split(",")
     cfg["upstream_sasl"] = {"username": "alice", "password": SASL_USERS["alice"]}
     cfg["quotas"] = {
         "window": {"num": 5, "size_seconds": 0.5},  # a 2 s burst: each phase settles quickly

@@ -298,7 +298,7 @@ def test_pipelined_requests_are_answered_in_order(cluster: KafkaCluster, tmp_pat
     user = f"order-{uuid.uuid4().hex[:6]}"
     with ProxyProcess(_config(cluster, topic), workdir=tmp_path) as proxy:
         _wait_store_ready(proxy, topic)
-        requests = [
+        requests: list[tuple[int, int, dict[str, Any]]] = [
             (3, 12, {"topics": [], "allow_auto_topic_creation": False}),
             (
                 49,
@@ -315,7 +315,7 @@ def test_pipelined_requests_are_answered_in_order(cluster: KafkaCluster, tmp_pat
         ]
         out = bytearray()
         for cid, (key, version, body) in enumerate(requests, start=100):
-            frame = encode_request_header(RequestHeader(key, version, cid, "order", 0))
+            frame: bytes | bytearray = encode_request_header(RequestHeader(key, version, cid, "order", 0))
             frame += messages.encode(key, version, body, response=False)
             out += struct.pack(">i", len(frame)) + frame
         host, port = proxy.bootstrap.rsplit(":", 1)

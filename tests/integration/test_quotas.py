@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +55,9 @@ class OffsetSampler:
         self.consumer.close()
 
 
-def steady_rate(samples: list[tuple[float, float]], t_from: float, t_to: float, cycle: float = 11.0) -> float:
+def steady_rate(
+    samples: Sequence[tuple[float, float]], t_from: float, t_to: float, cycle: float = 11.0
+) -> float:
     """Median rate over every ``cycle``-long window (quota.window.num x size) in [t_from, t_to].
 
     Kafka's windowed quota lets a greedy client through in bursts, one per cycle, as old samples

@@ -125,7 +125,9 @@ def mutate(
     admin request whose connection closed: a request sent as a replica drains, which it does not
     read, is cut, as by a broker's shutdown) and the request is tried again."""
     from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
+
+    # confluent-kafka's typing: admin imports NewTopic from cimpl without re-exporting it
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": bootstrap, "client.id": "roll-m"})
 
@@ -170,7 +172,7 @@ def test_a_gateway_rolled_from_the_previous_release_keeps_its_quotas_and_data(
     topic = f"roll-{uuid.uuid4().hex[:6]}"
     kafka_cluster3.create_topic(topic, partitions=6, replication=1)
     kafka_cluster3.create_topic(PARTITION_TOPIC, partitions=2, replication=1)
-    storm_topics = [f"roll-s-{uuid.uuid4().hex[:6]}", f"roll-l-{uuid.uuid4().hex[:6]}"]
+    storm_topics = (f"roll-s-{uuid.uuid4().hex[:6]}", f"roll-l-{uuid.uuid4().hex[:6]}")
     for name in storm_topics:
         kafka_cluster3.create_topic(name, partitions=3, replication=1)
     stop = threading.Event()

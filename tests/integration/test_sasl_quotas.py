@@ -11,7 +11,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -21,6 +21,9 @@ from tests.integration.clients import delivery_errors_into, stop_greedy_producer
 from tests.integration.conftest import SASL_USERS
 from tests.integration.test_quotas import CYCLE, STEADY, WINDOW, OffsetSampler, steady_rate
 from tests.integration.test_volume_quotas import end_offset
+
+if TYPE_CHECKING:
+    from confluent_kafka import Producer
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +39,7 @@ def sasl_cluster(kafka_sasl_broker: KafkaCluster) -> KafkaCluster:
 
 def _proxy_config(cluster: KafkaCluster) -> dict[str, object]:
     cfg = gateway_config(cluster)
-    cfg["gateway"]["upstream_bootstrap"] = cluster.sasl_bootstrap_servers.split(",")  # type: ignore[index]
+    cfg["gateway"]["upstream_bootstrap"] = cluster.sasl_bootstrap_servers.split(",")
     cfg["upstream_sasl"] = {"username": "alice", "password": USERS["alice"], "mechanism": "SCRAM-SHA-256"}
     # An OAUTHBEARER token names carol@EXAMPLE.COM; the mapping rules make it carol.
     cfg["client_sasl"] = {"principal_mapping_rules": ["RULE:(.*)@EXAMPLE.COM/$1/", "DEFAULT"]}
@@ -53,7 +56,7 @@ def _proxy_config(cluster: KafkaCluster) -> dict[str, object]:
     return cfg
 
 
-def _producer(bootstrap: str, user: str, password: str, mechanism: str, client_id: str) -> object:
+def _producer(bootstrap: str, user: str, password: str, mechanism: str, client_id: str) -> Producer:
     from confluent_kafka import Producer
 
     if mechanism == "OAUTHBEARER":  # an unsigned token of librdkafka's own, naming the user
@@ -107,12 +110,12 @@ def test_each_user_held_to_its_own_quota(sasl_cluster: KafkaCluster, tmp_path: P
                 try:
                     producer.produce(
                         topics[label],
-                        payload,  # type: ignore[attr-defined]
+                        payload,
                         on_delivery=delivery_errors_into(errors),
                     )
                 except BufferError:
-                    producer.poll(0.05)  # type: ignore[attr-defined]
-                producer.poll(0)  # type: ignore[attr-defined]
+                    producer.poll(0.05)
+                producer.poll(0)
             stop_greedy_producer(producer)
 
         samplers = {label: OffsetSampler(sasl_cluster, topic) for label, topic in topics.items()}
@@ -165,8 +168,8 @@ def test_failed_login_is_never_charged(sasl_cluster: KafkaCluster, tmp_path: Pat
             # A wrong password: the broker refuses, and the name claimed is never charged.
             mallory = _producer(proxy.bootstrap, "bob", "not-bobs-password", "PLAIN", "intruder")
             reports: list[object] = []
-            mallory.produce(topic, b"y" * 1024, on_delivery=lambda err, _msg: reports.append(err))  # type: ignore[attr-defined]
-            mallory.flush(8)  # type: ignore[attr-defined]
+            mallory.produce(topic, b"y" * 1024, on_delivery=lambda err, _msg: reports.append(err))
+            mallory.flush(8)
             # Still queued, never delivered: no delivery report at all. (flush's return value also
             # counts librdkafka's protocol requests in flight, such as a reconnect's next SASL
             # handshake, so it read 2 now and then.)
@@ -196,8 +199,8 @@ def test_logging_in_is_charged_to_no_one(sasl_cluster: KafkaCluster, tmp_path: P
     with ProxyProcess(cfg, workdir=tmp_path) as proxy:
         for _ in range(5):
             producer = _producer(proxy.bootstrap, "bob", USERS["bob"], "SCRAM-SHA-256", "logins")
-            producer.produce(topic, b"z" * 1024)  # type: ignore[attr-defined]
-            assert producer.flush(30) == 0  # type: ignore[attr-defined]
+            producer.produce(topic, b"z" * 1024)
+            assert producer.flush(30) == 0
 
         def used(user: str) -> dict[str, Any]:
             answer = proxy.admin_get(f"/quotas/entity?user={user}&client_id=logins")[1]

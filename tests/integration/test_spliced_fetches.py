@@ -10,7 +10,7 @@ import hashlib
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kafka import KafkaProducer
@@ -67,7 +67,7 @@ def _confluent(bootstrap: str, topic: str) -> Consumed:
         while sum(map(len, got.values())) < RECORDS and time.monotonic() < deadline:
             for record in consumer.consume(num_messages=1000, timeout=1.0):
                 assert record.error() is None, record.error()
-                got[record.partition()].append(record.value())
+                got[cast(int, record.partition())].append(cast(bytes, record.value()))
     finally:
         consumer.close()
     return got
@@ -111,7 +111,7 @@ def _aiokafka(bootstrap: str, topic: str) -> Consumed:
         try:
             while sum(map(len, got.values())) < RECORDS and time.monotonic() < deadline:
                 for tp, records in (await consumer.getmany(timeout_ms=1000)).items():
-                    got[tp.partition].extend(r.value for r in records)  # type: ignore[misc]
+                    got[tp.partition].extend(r.value for r in records)
         finally:
             await consumer.stop()
         return got

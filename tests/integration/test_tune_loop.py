@@ -71,10 +71,14 @@ def steady_producers(
     bootstrap: str, topic: str, names: list[str], seconds: float, per_second: int = 64
 ) -> dict[str, ThrottleWatch]:
     """librdkafka producers at a steady ``per_second`` 1 KiB records each, for ``seconds``."""
-    from confluent_kafka import Producer
+    from confluent_kafka import KafkaError, Message, Producer
 
     watches = {name: ThrottleWatch() for name in names}
     errors: list[str] = []
+
+    def delivered(err: KafkaError | None, _msg: Message[bytes, bytes]) -> None:
+        if err:
+            errors.append(str(err))
 
     def run(name: str) -> None:
         producer = Producer(
@@ -85,7 +89,7 @@ def steady_producers(
         while time.monotonic() - start < seconds:
             due = int((time.monotonic() - start) * per_second)
             while sent < due:
-                producer.produce(topic, b"s" * 1024, on_delivery=lambda e, _m: e and errors.append(str(e)))
+                producer.produce(topic, b"s" * 1024, on_delivery=delivered)
                 sent += 1
             producer.poll(0.01)
         assert producer.flush(30) == 0
@@ -193,9 +197,10 @@ def test_replay_matches_live_throttle(kafka_broker: KafkaCluster, tmp_path: Path
         )
 
     def replayed(quota: str, client_id: str) -> float:
-        return sum(
+        total: float = sum(
             r["throttle_ms_total"] for r in results if r["quota"] == quota and r["client_id"] == client_id
         )
+        return total
 
     for api_key, quota, client_id in (
         (ApiKey.PRODUCE, "producer_byte_rate", "heavy"),

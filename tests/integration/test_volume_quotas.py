@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -124,7 +124,7 @@ def read_all(bootstrap: str, topic: str, expect: int, timeout: float = 30.0) -> 
         while len(got) < expect and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
             if msg is not None and msg.error() is None:
-                got.append(bytes(msg.value()))
+                got.append(bytes(cast(bytes, msg.value())))
     finally:
         consumer.close()
     return got
@@ -177,13 +177,14 @@ class Writer:
 def test_volume_state_throttles_then_pauses_every_proxy_and_resumes_without_loss(
     kafka_cluster3: KafkaCluster, volumes: list[Path]
 ) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
+    # confluent-kafka's typing: admin imports NewTopic from cimpl without re-exporting it
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     topic = f"volume-b2-{uuid.uuid4().hex[:6]}"
     admin = AdminClient({"bootstrap.servers": kafka_cluster3.bootstrap_servers})
     admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[[2]])])[topic].result(30)
 
-    proxies = []
+    proxies: list[ProxyProcess] = []
     try:
         for i, volume in zip((1, 2, 3), volumes, strict=True):
             cfg = volume_config(volume, i)
@@ -263,7 +264,8 @@ def test_paused_produce_past_the_memory_bound_is_answered_retriable_and_lands_on
     """With no memory left for parked requests, a paused produce is answered at once with a
     retriable error and a throttle; the idempotent producer retries until space returns, and
     every message lands exactly once. (fail_safe open: only broker 1 publishes here.)"""
-    from confluent_kafka.admin import AdminClient, NewTopic
+    # confluent-kafka's typing: admin imports NewTopic from cimpl without re-exporting it
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     topic = f"volume-bound-{uuid.uuid4().hex[:6]}"
     admin = AdminClient({"bootstrap.servers": kafka_cluster3.bootstrap_servers})
@@ -293,7 +295,7 @@ def test_paused_produce_past_the_memory_bound_is_answered_retriable_and_lands_on
 def test_describe_log_dirs_source_publishes_the_brokers_own_log_dirs(kafka_broker: KafkaCluster) -> None:
     """Gateway mode: the proxy asks the broker itself (DescribeLogDirs v4, KIP-827) and publishes
     that broker's real log dir with its capacity and usage."""
-    cfg = {
+    cfg: dict[str, Any] = {
         "enabled": True,
         "topic": f"__kthrottle_volume_test_{uuid.uuid4().hex[:8]}",
         "publish_interval_seconds": 0.5,

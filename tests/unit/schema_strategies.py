@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 from hypothesis import strategies as st
 
@@ -32,7 +33,9 @@ def _primitive(ftype: str, nullable: bool) -> st.SearchStrategy[Any]:
     elif ftype == "bytes":
         base = st.binary(max_size=24)
     elif ftype == "records":
-        return st.one_of(st.none(), st.binary(max_size=64).map(memoryview))
+        return st.one_of(
+            st.none(), st.binary(max_size=64).map(cast("Callable[[bytes], memoryview]", memoryview))
+        )
     else:
         raise AssertionError(ftype)
     return st.one_of(st.none(), base) if nullable else base

@@ -4,6 +4,7 @@ config's refusals with their line and field."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -32,7 +33,7 @@ def test_by_default_every_id_is_kept_and_none_is_required() -> None:
 
 def test_a_template_rewrites_empty_and_shared_ids_only() -> None:
     p = policy(template="anon-{principal}-{source_ip}", shared_ids=["rdkafka", "producer-*"])
-    ask = lambda cid: p.quota_client_id(cid, "alice", "10.0.0.1", "brokers")  # noqa: E731
+    ask: Callable[[str], str] = lambda cid: p.quota_client_id(cid, "alice", "10.0.0.1", "brokers")  # noqa: E731
     assert ask("") == "anon-alice-10.0.0.1"
     assert ask("rdkafka") == "anon-alice-10.0.0.1"
     assert ask("producer-17") == "anon-alice-10.0.0.1"
@@ -102,7 +103,8 @@ def _errors(api_key: int, body: dict[str, Any]) -> list[int]:
         return top + [p["error_code"] for t in body["responses"] for p in t["partitions"]]
     if api_key == ApiKey.INIT_PRODUCER_ID:
         return [body["error_code"]]
-    field = {ApiKey.CREATE_TOPICS: "topics", ApiKey.CREATE_PARTITIONS: "results"}.get(api_key, "responses")
+    fields: dict[int, str] = {ApiKey.CREATE_TOPICS: "topics", ApiKey.CREATE_PARTITIONS: "results"}
+    field = fields.get(api_key, "responses")
     return [r["error_code"] for r in body[field]]
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from quota import client_quota_ops as ops
-from quota.client_quota_ops import Alteration, Component, Op
+from quota.client_quota_ops import Alteration, Component, Op, Overlay
 from quota.config import QuotaConfig
 from quota.entities import resolve
 from quota.keys import DEFAULT
@@ -146,7 +146,7 @@ def test_one_bad_entry_leaves_the_others() -> None:
 
 
 def test_changes_only_what_differs_and_records_removals() -> None:
-    current = {(("user", "a"),): {"producer_byte_rate": 5.0, "consumer_byte_rate": None}}
+    current: Overlay = {(("user", "a"),): {"producer_byte_rate": 5.0, "consumer_byte_rate": None}}
     result = ops.alter(
         [
             _alt(

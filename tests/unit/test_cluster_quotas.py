@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 
@@ -36,7 +37,13 @@ def sample_modes(sim: Simulation, times: list[float]) -> dict[float, list[Cluste
     """Every replica's mode at each of ``times`` (filled in as the simulation runs)."""
     seen: dict[float, list[ClusterMode]] = {}
     for t in times:
-        sim.at(t, lambda t=t: seen.__setitem__(t, [node.membership.mode(t) for node in sim.nodes]))
+        sim.at(
+            t,
+            cast(
+                "Callable[[], None]",
+                lambda t=t: seen.__setitem__(t, [node.membership.mode(t) for node in sim.nodes]),
+            ),
+        )
     return seen
 
 
@@ -80,7 +87,12 @@ def test_the_exchange_lag_changes_nothing_over_time(lag_ms: float) -> None:
 
 def test_when_two_of_three_producers_stop_the_one_left_gets_the_whole_quota_at_once() -> None:
     sim, conns = spread()
-    sim.at(40_000, lambda: [sim.stop(conns[1]), sim.stop(conns[2])])
+
+    def stop_two() -> None:
+        sim.stop(conns[1])
+        sim.stop(conns[2])
+
+    sim.at(40_000, stop_two)
     sim.run(70_000)
     after = sim.reached_quota_after(0, 40_000, 70_000)
     assert after is not None and after <= 1.0, after
@@ -109,8 +121,8 @@ def test_exchange_down_every_replica_holds_its_part_alone_then_recovers() -> Non
     clients (in steady state the three together are the quota); back within 3 s of its return."""
     sim, _conns = spread()
     for r in range(3):
-        sim.at(30_000, lambda r=r: sim.cut(r))
-        sim.at(70_000, lambda r=r: sim.cut(r, False))
+        sim.at(30_000, cast("Callable[[], None]", lambda r=r: sim.cut(r)))
+        sim.at(70_000, cast("Callable[[], None]", lambda r=r: sim.cut(r, False)))
     modes = sample_modes(sim, [60_000, 73_000])
     sim.run(100_000)
     assert sim.rate(0, 40_000, 70_000) <= QUOTA * 1.05
@@ -403,7 +415,12 @@ def _cluster_service(monkeypatch: pytest.MonkeyPatch) -> tuple[ProxyServer, Clus
     service.membership.caught_up = True
     added: list[Any] = []
     real = service._apply
-    monkeypatch.setattr(service, "_apply", lambda *a: (added.append(a[0]), real(*a)))
+
+    def apply(*a: Any) -> None:
+        added.append(a[0])
+        real(*a)
+
+    monkeypatch.setattr(service, "_apply", apply)
     return server, service, added
 
 

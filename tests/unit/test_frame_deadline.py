@@ -35,7 +35,7 @@ def proxy() -> Iterator[tuple[int, ProxyServer]]:
 
 
 def _timeouts(server: ProxyServer) -> float:
-    return server.metrics.rejected_frames.labels("frame-timeout")._value.get()  # type: ignore[attr-defined,no-any-return]
+    return server.metrics.rejected_frames.labels("frame-timeout")._value.get()  # type: ignore[no-any-return]
 
 
 @pytest.mark.timeout(30)

@@ -270,7 +270,7 @@ def test_streamed_frames_one_after_another_share_a_buffer_once_their_pieces_are_
     """A frame over and its pieces all written, its buffer serves the next streamed frame, on this
     connection or another: no allocation and no zeroing per frame."""
     first, second = FrameDecoder(stream_from=64 * 1024), FrameDecoder(stream_from=64 * 1024)
-    buffers = set()
+    buffers: set[int] = set()
     for n, dec in enumerate((first, second, first, second)):
         views = _stream_one(dec, 200 * 1024, n, written=True)
         buffers.update(id(view.obj) for view in views)

@@ -26,7 +26,7 @@ def amap(node_id: int, _host: str, _port: int) -> tuple[str, int]:
 
 def _answer(version: int, topics: list[tuple[bytes, str]], partitions: int = 3) -> dict[str, Any]:
     flexible = version >= 9
-    brokers = [
+    brokers: list[dict[str, Any]] = [
         {"node_id": n, "host": f"broker-{n}.internal", "port": 9092, "rack": "rack-a" if n % 2 else None}
         for n in (1, 2, 3)
     ]

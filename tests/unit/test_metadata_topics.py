@@ -5,6 +5,7 @@ answer is refused, never half read."""
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,7 +20,7 @@ from tests.unit.schema_strategies import struct_strategy
 VERSIONS = range(FIRST_VERSION, LAST_VERSION + 1)
 
 
-def _answers(version: int) -> st.SearchStrategy[dict]:
+def _answers(version: int) -> st.SearchStrategy[dict[str, Any]]:
     return struct_strategy(message_schema("MetadataResponse").fields, version, True)
 
 

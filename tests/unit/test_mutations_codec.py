@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from protocol import messages
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
@@ -52,10 +54,10 @@ def test_delete_topics_by_name_and_by_id() -> None:
 
 
 def test_admitted_request_keeps_order_and_round_trips() -> None:
-    body = _create_body()
+    body: dict[str, Any] = _create_body()
     kept = admitted_request(ApiKey.CREATE_TOPICS, 7, body, [True, False, True])
     assert [t["name"] for t in kept["topics"]] == ["a", "c"]
-    assert [t["name"] for t in body["topics"]] == ["a", "b", "c"]  # type: ignore[index]
+    assert [t["name"] for t in body["topics"]] == ["a", "b", "c"]
     wire = messages.encode(ApiKey.CREATE_TOPICS, 7, kept, response=False)
     assert messages.decode_request(ApiKey.CREATE_TOPICS, 7, wire)["topics"][1]["name"] == "c"
     old = admitted_request(

@@ -9,7 +9,7 @@ import socket
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 from protocol.frames import FrameDecoder
 from tests.unit.conftest import proxy_in_front_of, recv_exactly
@@ -69,7 +69,7 @@ def _connected_and_counting() -> Iterator[tuple[socket.socket, CountingTransport
 
         async def wrap() -> tuple[CountingTransport, CountingTransport]:
             up, down = CountingTransport(pipeline.upstream), CountingTransport(pipeline.client)
-            pipeline.upstream, pipeline.client = up, down
+            pipeline.upstream, pipeline.client = cast(asyncio.Transport, up), cast(asyncio.Transport, down)
             return up, down
 
         upstream, to_client = asyncio.run_coroutine_threadsafe(wrap(), loop).result(5)
@@ -94,7 +94,8 @@ def _unsupported_api_versions(correlation_id: int) -> bytes:
 def test_answers_the_proxy_makes_itself_to_pipelined_requests_go_out_in_one_write() -> None:
     with _connected_and_counting() as (client, upstream, to_client):
         client.sendall(b"".join(_unsupported_api_versions(c) for c in range(1, 11)))
-        decoder, answers = FrameDecoder(), []
+        decoder = FrameDecoder()
+        answers: list[Any] = []
         while len(answers) < 10:
             answers += decoder.feed(client.recv(65536))
         # Each in order, UNSUPPORTED_VERSION (35), none sent upstream.

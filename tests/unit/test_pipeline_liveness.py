@@ -11,7 +11,7 @@ import logging
 import random
 import struct
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -29,6 +29,7 @@ from protocol.frames import (
 )
 from protocol.produce_scan import read_produce_acks
 from proxy.config import parse_config
+from proxy.net.pipeline_reads import UpstreamReads
 from proxy.net.transports import ClientProtocol
 from proxy.pipeline.connection import Pipeline
 from proxy.pipeline.stages.group_requests import GroupRequestStage
@@ -69,7 +70,7 @@ class _Net:
         return protocol.pipeline, client
 
 
-def _frame(api_key: int, version: int, correlation_id: int, body: dict[str, object]) -> bytes:
+def _frame(api_key: int, version: int, correlation_id: int, body: dict[str, Any]) -> bytes:
     payload = encode_request_header(RequestHeader(api_key, version, correlation_id, CLIENT_ID, 0))
     payload += messages.encode(api_key, version, body, response=False)
     return struct.pack(">i", len(payload)) + bytes(payload)
@@ -545,7 +546,7 @@ def _play(
     def settle() -> None:
         net.loop.settle(2000)
         for transport in net.upstreams:
-            pipeline = transport.protocol.pipeline  # type: ignore[attr-defined]
+            pipeline = cast(UpstreamReads, transport.protocol).pipeline
             brokers.setdefault(id(pipeline), _Broker(transport, rng))
         for client in clients:
             client.read()

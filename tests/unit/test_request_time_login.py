@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import struct
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -21,8 +22,8 @@ REQUEST_QUOTA = SIDECAR + (
     "quotas:\n  window: {num: 2, size_seconds: 1}\n  users:\n    <default>: {request_percentage: 1}\n"
 )
 VERSIONS = {"client_software_name": "kafka-python", "client_software_version": "3.0"}
-HANDSHAKE = (17, 1, {"mechanism": "PLAIN"})
-METADATA = (3, 12, {"topics": None, "allow_auto_topic_creation": False})
+HANDSHAKE: tuple[int, int, dict[str, Any]] = (17, 1, {"mechanism": "PLAIN"})
+METADATA: tuple[int, int, dict[str, Any]] = (3, 12, {"topics": None, "allow_auto_topic_creation": False})
 
 
 @pytest.fixture

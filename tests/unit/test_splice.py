@@ -312,7 +312,9 @@ def test_a_cancelled_transfer_calls_nothing_back(loop: asyncio.AbstractEventLoop
 
     async def run() -> None:
         link = SpliceLink(loop, sockets.upstream.fileno(), sockets.client.fileno())
-        transfer = SpliceTransfer(link, 1000, None, lambda: calls.append("done"), calls.append)
+        transfer = SpliceTransfer(
+            link, 1000, None, lambda: calls.append("done"), lambda exc: calls.append(f"failed: {exc}")
+        )
         transfer.start()  # nothing has come: it waits on the broker's socket
         transfer.cancel()
         assert link.closed

@@ -4,6 +4,8 @@ together count once; the log line comes once per outage and then once per ten se
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 from proxy.config import parse_config
@@ -36,14 +38,19 @@ def test_the_wait_doubles_per_failure_up_to_the_ceiling_and_a_success_ends_it() 
         clock.now += waits[-1]
     assert waits == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0]
     clock.now += 2
-    assert backoff.succeeded(A) == (8, pytest.approx(sum(waits) + 2))
+    assert backoff.succeeded(A) == (8, cast(object, pytest.approx(sum(waits) + 2)))
     assert backoff.delay(A) == 0 and backoff.succeeded(A) is None
 
 
 def test_jitter_is_kafkas_twenty_percent_and_never_past_the_ceiling() -> None:
     clock = Clock()
-    seen = []
-    backoff = UpstreamBackoff(0.05, 1.0, clock, uniform=lambda lo, hi: seen.append((lo, hi)) or hi)
+    seen: list[tuple[float, float]] = []
+
+    def uniform(lo: float, hi: float) -> float:
+        seen.append((lo, hi))
+        return hi
+
+    backoff = UpstreamBackoff(0.05, 1.0, clock, uniform=uniform)
     backoff.failed(A, clock.now)
     assert seen == [(0.8, 1.2)] and backoff.delay(A) == pytest.approx(0.06)
     for _ in range(10):

@@ -54,7 +54,7 @@ def proxy() -> Iterator[tuple[int, ProxyServer, _ClosingUpstream]]:
 
 
 def _count(server: ProxyServer, kind: str) -> float:
-    return server.metrics.upstream_errors.labels(kind)._value.get()  # type: ignore[attr-defined,no-any-return]
+    return server.metrics.upstream_errors.labels(kind)._value.get()  # type: ignore[no-any-return]
 
 
 @pytest.mark.timeout(30)

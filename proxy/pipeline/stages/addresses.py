@@ -98,9 +98,9 @@ class AddressStage(Stage):
         prefix, rest, changed = rewrite_metadata_brokers(entry.api_version, body, server.brokers.advertised)
         out = bytearray(resp.frame[:hsize])
         out += prefix
-        out += body[rest:]
         server.topic_names.learn_later(entry.api_version, body)
         resp.frame = out  # a throttle is patched into it as into any response
+        resp.tail = body[rest:]  # the topics go out as the broker's bytes, not copied
         if changed:
             server.metrics.rewritten_addresses.inc(changed)
 

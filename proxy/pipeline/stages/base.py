@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from collections import deque
 from collections.abc import Callable, Collection, Coroutine
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -21,7 +22,7 @@ from mypy_extensions import mypyc_attr
 
 from protocol import messages
 from protocol.api_keys import PRODUCE_KEY
-from protocol.frames import RequestHeader, response_header_size
+from protocol.frames import FrameError, RequestHeader, response_header_size
 from protocol.produce_scan import read_produce_acks
 from protocol.sasl import SaslTracker
 
@@ -211,9 +212,11 @@ class Request:
 
 class Response:
     """One response frame while the stages look at it: decoded once, when first asked; a stage
-    may replace it whole or ask for it to be re-encoded from its (changed) body."""
+    may replace it whole or ask for it to be re-encoded from its (changed) body. A stage that
+    changes only the start of a large answer keeps the rest as the broker's bytes, ``tail``: it
+    goes out after ``frame`` uncopied and is joined to it only if a stage decodes the answer."""
 
-    __slots__ = ("_body", "_hsize", "entry", "frame", "reencode", "replacement")
+    __slots__ = ("_body", "_hsize", "entry", "frame", "reencode", "replacement", "tail")
 
     def __init__(self, entry: InFlight, frame: bytes | bytearray) -> None:
         self.entry = entry
@@ -222,6 +225,7 @@ class Response:
         self._body: dict[str, Any] | None = None
         self.replacement: bytearray | None = None  # what goes out instead (no throttle patch)
         self.reencode = False  # the body changed: encode it (with the throttle) instead
+        self.tail: memoryview | None = None  # the broker's bytes that follow ``frame``, unchanged
 
     @property
     def header_size(self) -> int:
@@ -230,10 +234,22 @@ class Response:
         return self._hsize
 
     @property
+    def size(self) -> int:
+        """The bytes that go out (without the size prefix) if no stage changes them."""
+        tail = self.tail
+        return len(self.frame) if tail is None else len(self.frame) + len(tail)
+
+    @property
     def body(self) -> dict[str, Any]:
         """The decoded response (SchemaError, FrameError or LookupError for one the codec cannot
         read: the pipeline closes the connection)."""
         if self._body is None:
+            tail = self.tail
+            if tail is not None:  # a stage reads all of it: one buffer again
+                joined = bytearray(self.frame)
+                joined += tail
+                self.frame = joined
+                self.tail = None
             entry = self.entry
             view = memoryview(self.frame)[self.header_size :]
             self._body = messages.decode_response(entry.api_key, entry.api_version, view)
@@ -252,8 +268,10 @@ class Response:
         return out
 
     def finished(self) -> bytes | bytearray:
-        """The bytes to send: replaced, re-encoded with the throttle, or patched in place."""
+        """The bytes to send: replaced, re-encoded with the throttle, or patched in place (then
+        followed by ``tail``, if one is left)."""
         if self.replacement is not None:
+            self.tail = None
             return self.replacement
         entry = self.entry
         key, version = entry.api_key, entry.api_version
@@ -265,14 +283,18 @@ class Response:
             return self.replace_body(body)  # compiled, self.replacement stays narrowed to None
         if entry.throttle_ms and messages.can_read_response(key, version):
             # An API or version newer than the shipped schemas goes out unchanged; the mute that
-            # follows still throttles the client.
-            _ = self.body  # a response the codec cannot read closes the connection, as any
+            # follows still throttles the client. Only what comes before throttle_time_ms is read
+            # (nothing, where it comes first): a throttled answer of 100,000 partitions is not
+            # decoded to patch four bytes.
             self._body = None  # the record views into frame must go before it is patched
             hsize = self.header_size
             frame = self.frame
             if not isinstance(frame, bytearray):
                 frame = self.frame = bytearray(frame)  # the decoder's frames are immutable bytes
-            messages.patch_throttle_time(key, version, memoryview(frame)[hsize:], entry.throttle_ms)
+            try:
+                messages.patch_throttle_time(key, version, memoryview(frame)[hsize:], entry.throttle_ms)
+            except struct.error as short:  # not `exc`: compiled, a name has one type
+                raise FrameError(f"no room for throttle_time_ms: {short}") from short
         return self.frame
 
 

@@ -1,0 +1,165 @@
+"""A Metadata answer goes out with its brokers rewritten and its topics as the broker's bytes:
+not copied, not decoded, even when throttled, so its cost does not grow with the partitions."""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from fuzz.pipeline_target import shared_fuzzer
+from protocol import messages
+from protocol.api_keys import ApiKey
+from protocol.frames import FrameDecoder, RequestHeader, encode_request_header, encode_response_header
+from proxy.metrics import ProxyMetrics
+from proxy.pipeline.stages.addresses import AddressStage
+from proxy.pipeline.stages.base import InFlight, Response
+from proxy.shared.topic_names import TopicNames
+
+VERSION = 12
+GATEWAY = 2  # the pipeline fuzzer's gateway setup (with quotas)
+
+
+def advertised(node_id: int, _host: str, _port: int) -> tuple[str, int]:
+    return "proxy.example.com", 9000 + node_id
+
+
+def _answer(topics: int, partitions: int) -> dict[str, Any]:
+    return {
+        "throttle_time_ms": 3,
+        "brokers": [
+            {"node_id": n, "host": f"broker-{n}.internal", "port": 9092, "rack": None} for n in (1, 2, 3)
+        ],
+        "cluster_id": "cluster-x",
+        "controller_id": 2,
+        "topics": [
+            {
+                "error_code": 0,
+                "name": f"topic-{t}",
+                "topic_id": uuid.UUID(int=t + 1).bytes,
+                "is_internal": False,
+                "partitions": [
+                    {
+                        "error_code": 0,
+                        "partition_index": p,
+                        "leader_id": 1 + p % 3,
+                        "leader_epoch": 4,
+                        "replica_nodes": [1, 2, 3],
+                        "isr_nodes": [1, 2, 3],
+                        "offline_replicas": [],
+                    }
+                    for p in range(partitions)
+                ],
+            }
+            for t in range(topics)
+        ],
+    }
+
+
+def _broker_frame(answer: dict[str, Any], correlation_id: int = 42) -> bytes:
+    frame = encode_response_header(ApiKey.METADATA, VERSION, correlation_id)
+    frame += messages.encode_response(ApiKey.METADATA, VERSION, answer)
+    return bytes(frame)
+
+
+def _stage() -> AddressStage:
+    server = SimpleNamespace(
+        brokers=SimpleNamespace(advertised=advertised), topic_names=TopicNames(), metrics=ProxyMetrics()
+    )
+    return AddressStage(SimpleNamespace(server=server))
+
+
+def _passed_on(frame: bytes, throttle_ms: int = 0) -> tuple[Response, bytes]:
+    entry = InFlight(ApiKey.METADATA, VERSION, 42, 0.0)
+    entry.throttle_ms = throttle_ms
+    resp = Response(entry, frame)
+    assert _stage().on_response(resp) is False
+    head = resp.finished()
+    tail = resp.tail
+    return resp, bytes(head) + (bytes(tail) if tail is not None else b"")
+
+
+def _body(frame: bytes) -> dict[str, Any]:
+    hsize = 5  # correlation id and an empty tag buffer (flexible header)
+    return messages.decode_response(ApiKey.METADATA, VERSION, memoryview(frame)[hsize:])
+
+
+def _rewritten(answer: dict[str, Any]) -> dict[str, Any]:
+    expected = _body(_broker_frame(answer))
+    messages.rewrite_addresses(ApiKey.METADATA, VERSION, expected, advertised)
+    return expected
+
+
+def test_the_topics_go_out_as_the_brokers_bytes_behind_the_rewritten_brokers() -> None:
+    answer = _answer(topics=20, partitions=50)
+    frame = _broker_frame(answer)
+    resp, out = _passed_on(frame)
+    assert resp.tail is not None and resp.tail.obj is frame  # a view of the broker's frame
+    assert len(resp.frame) < 200  # what was copied: the header and the broker list
+    assert not resp.decoded
+    assert _body(out) == _rewritten(answer)
+
+
+@pytest.mark.parametrize("throttle_ms", [1, 3, 2500])
+def test_a_throttled_answer_is_patched_without_its_topics_being_decoded(throttle_ms: int) -> None:
+    answer = _answer(topics=20, partitions=50)
+    resp, out = _passed_on(_broker_frame(answer), throttle_ms)
+    assert not resp.decoded and resp.tail is not None
+    expected = _rewritten(answer)
+    expected["throttle_time_ms"] = max(throttle_ms, 3)  # the broker's own, if it is longer
+    assert _body(out) == expected
+
+
+def test_a_stage_that_reads_the_answer_after_the_rewrite_sees_all_of_it() -> None:
+    answer = _answer(topics=5, partitions=7)
+    entry = InFlight(ApiKey.METADATA, VERSION, 42, 0.0)
+    resp = Response(entry, _broker_frame(answer))
+    _stage().on_response(resp)
+    size = resp.size
+    body = resp.body  # joins the tail back to the frame
+    assert resp.tail is None and len(resp.frame) == size
+    assert body == _rewritten(answer)
+    resp.reencode = True
+    assert _body(bytes(resp.finished())) == _rewritten(answer)
+
+
+def _metadata_request(correlation_id: int) -> bytes:
+    header = encode_request_header(RequestHeader(ApiKey.METADATA, VERSION, correlation_id, "meta-client", 0))
+    body = messages.encode(
+        ApiKey.METADATA,
+        VERSION,
+        {"topics": None, "allow_auto_topic_creation": False, "include_topic_authorized_operations": False},
+        response=False,
+    )
+    frame = bytes(header) + bytes(body)
+    return struct.pack(">i", len(frame)) + frame
+
+
+def _rec(op: int, data: bytes = b"") -> bytes:
+    return struct.pack(">BH", op, len(data)) + data
+
+
+@pytest.mark.parametrize("reads", [0, 4], ids=["plain-reads", "buffered-reads"])
+def test_a_large_answer_reaches_the_client_whole_through_the_pipeline(reads: int) -> None:
+    """Through a real Pipeline (in-memory transports): the client gets one frame, its size
+    prefix counting the tail, with the proxy's addresses and every partition the broker sent."""
+    answer = _answer(topics=40, partitions=60)  # about 150 KB: larger than one write's batch
+    frame = _broker_frame(answer, correlation_id=7)
+    framed = struct.pack(">i", len(frame)) + frame
+    data = bytes([GATEWAY + reads]) + _rec(0, _metadata_request(7))
+    for pos in range(0, len(framed), 60_000):
+        data += _rec(2, framed[pos : pos + 60_000])
+    client = shared_fuzzer().run(data)
+    assert client is not None
+    frames = [bytes(f) for f in FrameDecoder(2**31 - 1).feed(client.written)]
+    assert len(frames) == 1
+    got = _body(frames[0])
+    assert struct.unpack_from(">i", frames[0])[0] == 7
+    assert {(b["host"], b["port"]) for b in got["brokers"]} == {
+        ("proxy.example", 19100 + n) for n in (1, 2, 3)
+    }
+    assert got["topics"] == _body(frame)["topics"]
+    assert got["throttle_time_ms"] >= 3
