@@ -429,8 +429,8 @@ class Pipeline(ConnectionFlow):
         read they were all of, written upstream as it came when every one of them went on
         unchanged and in order, and nothing else did (a pipelining client's requests)."""
         batch: list[bytes | bytearray] = []
-        self._upstream_batch = batch
-        self._client_batch = []  # the answers the proxy makes itself to these, in one write too
+        # The answers the proxy makes itself to these are collected too, for one write.
+        self._collect_writes(batch, [])
         try:
             for frame in frames:
                 if self.closed:
@@ -496,6 +496,17 @@ class Pipeline(ConnectionFlow):
             self.held.append(frame)
         else:
             self._request(frame)
+
+    def _collect_writes(
+        self, upstream: list[bytes | bytearray] | None, client: list[bytes | bytearray]
+    ) -> None:
+        """Collect the frames of a read into these, for one write each way. Assigned here, not
+        where the read's frames are taken: mypyc would trust the type mypy narrows the attribute
+        to there (a list), and a close while they are taken (it flushes: None) then raised
+        ``TypeError`` where the batch is looked at again."""
+        if upstream is not None:
+            self._upstream_batch = upstream
+        self._client_batch = client
 
     def _flush_upstream_batch(self) -> None:
         """Write the frames collected for the upstream and stop collecting (before anything is
@@ -678,7 +689,7 @@ class Pipeline(ConnectionFlow):
         """The frames of one read, their writes to the client collected into one; ``read`` as
         for ``_take_requests``."""
         batch: list[bytes | bytearray] = []
-        self._client_batch = batch
+        self._collect_writes(None, batch)
         try:
             for frame in frames:
                 if self.closed:

@@ -119,3 +119,36 @@ def test_oversize_frame_is_one_counted_rejection() -> None:
     data = bytes([0]) + _rec(0, struct.pack(">i", MAX_FRAME_BYTES + 1))
     client = shared_fuzzer().run(data)
     assert client is not None and client.closed and client.written == b""
+
+
+# 4. A plain read of several frames, one of which closes the connection (here a request header
+#    too short to read, or a response for a request nobody sent): the close flushes the read's
+#    collected writes, and the compiled pipeline then raised TypeError out of the read callback
+#    where it looked at the batch again (mypyc trusted the type mypy had narrowed the attribute
+#    to). Now the frames before the bad one go on, and the close is the one counted rejection.
+
+
+def _list_offsets(correlation_id: int) -> bytes:
+    """ListOffsets v1, no topics: no stage reads it or its answer."""
+    return struct.pack(">hhih", 2, 1, correlation_id, 3) + b"cli" + struct.pack(">ii", -1, 0)
+
+
+def test_a_bad_request_amid_a_read_closes_after_the_ones_before_it() -> None:
+    first, second = _frame(_list_offsets(1)), _frame(_list_offsets(2))
+    data = bytes([0]) + _rec(0, first)  # the broker connection is open before the read below
+    data += _rec(0, second + _frame(b"\x00\x02\x00")) + _rec(0, _frame(_list_offsets(3)))
+    fuzzer = shared_fuzzer()
+    client = fuzzer.run(data)
+    assert client is not None and client.closed
+    (broker,) = fuzzer.brokers
+    assert bytes(broker.transport.written) == first + second  # none after the bad one
+
+
+def test_a_stray_response_amid_a_read_closes_after_the_answers_before_it() -> None:
+    answer = struct.pack(">i", 1) + bytes(8)
+    stray = struct.pack(">i", 99) + bytes(8)
+    data = bytes([0]) + _rec(0, _frame(_list_offsets(1)) + _frame(_list_offsets(2)))
+    data += _rec(2, _frame(answer) + _frame(stray))
+    client = shared_fuzzer().run(data)
+    assert client is not None and client.closed
+    assert bytes(client.written) == _frame(answer)
