@@ -500,7 +500,8 @@ class Pipeline(ConnectionFlow):
     def _collect_writes(
         self, upstream: list[bytes | bytearray] | None, client: list[bytes | bytearray]
     ) -> None:
-        """Collect the frames of a read into these, for one write each way. Assigned here, not
+        """Collect the frames of a read into these, for one write each way (``upstream`` None:
+        a read of responses, whose writes all go to the client). Assigned here, not
         where the read's frames are taken: mypyc would trust the type mypy narrows the attribute
         to there (a list), and a close while they are taken (it flushes: None) then raised
         ``TypeError`` where the batch is looked at again."""

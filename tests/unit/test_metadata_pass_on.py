@@ -13,11 +13,18 @@ import pytest
 from fuzz.pipeline_target import shared_fuzzer
 from protocol import messages
 from protocol.api_keys import ApiKey
-from protocol.frames import FrameDecoder, RequestHeader, encode_request_header, encode_response_header
+from protocol.frames import (
+    FrameDecoder,
+    RequestHeader,
+    encode_request_header,
+    encode_response_header,
+    response_header_size,
+)
 from proxy.metrics import ProxyMetrics
 from proxy.pipeline.stages.addresses import AddressStage
 from proxy.pipeline.stages.base import InFlight, Response
 from proxy.shared.topic_names import TopicNames
+from tests.unit.test_fuzz_regressions import _rec
 from tests.unit.test_metadata_brokers import _answer as answer_of
 
 VERSION = 12
@@ -57,7 +64,7 @@ def _passed_on(frame: bytes, throttle_ms: int = 0) -> tuple[Response, bytes]:
 
 
 def _body(frame: bytes) -> dict[str, Any]:
-    hsize = 5  # correlation id and an empty tag buffer (flexible header)
+    hsize = response_header_size(ApiKey.METADATA, VERSION, frame)
     return messages.decode_response(ApiKey.METADATA, VERSION, memoryview(frame)[hsize:])
 
 
@@ -110,10 +117,6 @@ def _metadata_request(correlation_id: int) -> bytes:
     )
     frame = bytes(header) + bytes(body)
     return struct.pack(">i", len(frame)) + frame
-
-
-def _rec(op: int, data: bytes = b"") -> bytes:
-    return struct.pack(">BH", op, len(data)) + data
 
 
 @pytest.mark.parametrize("reads", [0, 4], ids=["plain-reads", "buffered-reads"])
