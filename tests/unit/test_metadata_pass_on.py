@@ -20,6 +20,7 @@ from protocol.frames import (
     encode_response_header,
     response_header_size,
 )
+from protocol.metadata_brokers import MAX_VERSION
 from proxy.metrics import ProxyMetrics
 from proxy.pipeline.stages.addresses import AddressStage
 from proxy.pipeline.stages.base import InFlight, Response
@@ -28,6 +29,8 @@ from tests.unit.test_fuzz_regressions import _rec
 from tests.unit.test_metadata_brokers import _answer as answer_of
 
 VERSION = 12
+VERSIONS = range(0, MAX_VERSION + 1)  # every version the broker-list splice reads
+THROTTLED = (3, 9, MAX_VERSION)  # throttle_time_ms from v3; flexible from v9
 GATEWAY = 2  # the pipeline fuzzer's gateway setup (with quotas)
 
 
@@ -35,14 +38,14 @@ def advertised(node_id: int, _host: str, _port: int) -> tuple[str, int]:
     return "proxy.example.com", 9000 + node_id
 
 
-def _answer(topics: int, partitions: int) -> dict[str, Any]:
+def _answer(topics: int, partitions: int, version: int = VERSION) -> dict[str, Any]:
     """Brokers 1-2-3 (and one with no address), the broker's throttle 5 ms."""
-    return answer_of(VERSION, [(uuid.UUID(int=t + 1).bytes, f"topic-{t}") for t in range(topics)], partitions)
+    return answer_of(version, [(uuid.UUID(int=t + 1).bytes, f"topic-{t}") for t in range(topics)], partitions)
 
 
-def _broker_frame(answer: dict[str, Any], correlation_id: int = 42) -> bytes:
-    frame = encode_response_header(ApiKey.METADATA, VERSION, correlation_id)
-    frame += messages.encode_response(ApiKey.METADATA, VERSION, answer)
+def _broker_frame(answer: dict[str, Any], correlation_id: int = 42, version: int = VERSION) -> bytes:
+    frame = encode_response_header(ApiKey.METADATA, version, correlation_id)
+    frame += messages.encode_response(ApiKey.METADATA, version, answer)
     return bytes(frame)
 
 
@@ -53,8 +56,8 @@ def _stage() -> AddressStage:
     return AddressStage(SimpleNamespace(server=server))
 
 
-def _passed_on(frame: bytes, throttle_ms: int = 0) -> tuple[Response, bytes]:
-    entry = InFlight(ApiKey.METADATA, VERSION, 42, 0.0)
+def _passed_on(frame: bytes, throttle_ms: int = 0, version: int = VERSION) -> tuple[Response, bytes]:
+    entry = InFlight(ApiKey.METADATA, version, 42, 0.0)
     entry.throttle_ms = throttle_ms
     resp = Response(entry, frame)
     assert _stage().on_response(resp) is False
@@ -63,35 +66,46 @@ def _passed_on(frame: bytes, throttle_ms: int = 0) -> tuple[Response, bytes]:
     return resp, bytes(head) + (bytes(tail) if tail is not None else b"")
 
 
-def _body(frame: bytes) -> dict[str, Any]:
-    hsize = response_header_size(ApiKey.METADATA, VERSION, frame)
-    return messages.decode_response(ApiKey.METADATA, VERSION, memoryview(frame)[hsize:])
+def _body(frame: bytes, version: int = VERSION) -> dict[str, Any]:
+    hsize = response_header_size(ApiKey.METADATA, version, frame)
+    return messages.decode_response(ApiKey.METADATA, version, memoryview(frame)[hsize:])
 
 
-def _rewritten(answer: dict[str, Any]) -> dict[str, Any]:
-    expected = _body(_broker_frame(answer))
-    messages.rewrite_addresses(ApiKey.METADATA, VERSION, expected, advertised)
+def _rewritten(answer: dict[str, Any], version: int = VERSION) -> dict[str, Any]:
+    expected = _body(_broker_frame(answer, version=version), version)
+    messages.rewrite_addresses(ApiKey.METADATA, version, expected, advertised)
     return expected
 
 
-def test_the_topics_go_out_as_the_brokers_bytes_behind_the_rewritten_brokers() -> None:
-    answer = _answer(topics=20, partitions=50)
-    frame = _broker_frame(answer)
-    resp, out = _passed_on(frame)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_topics_go_out_as_the_brokers_bytes_behind_the_rewritten_brokers(version: int) -> None:
+    answer = _answer(topics=20, partitions=50, version=version)
+    frame = _broker_frame(answer, version=version)
+    resp, out = _passed_on(frame, version=version)
     assert resp.tail is not None and resp.tail.obj is frame  # a view of the broker's frame
     assert len(resp.frame) < 200  # what was copied: the header and the broker list
     assert not resp.decoded
-    assert _body(out) == _rewritten(answer)
+    assert _body(out, version) == _rewritten(answer, version)
 
 
+@pytest.mark.parametrize("version", THROTTLED)
 @pytest.mark.parametrize("throttle_ms", [1, 5, 2500])
-def test_a_throttled_answer_is_patched_without_its_topics_being_decoded(throttle_ms: int) -> None:
-    answer = _answer(topics=20, partitions=50)
-    resp, out = _passed_on(_broker_frame(answer), throttle_ms)
+def test_a_throttled_answer_is_patched_without_its_topics_being_decoded(
+    throttle_ms: int, version: int
+) -> None:
+    answer = _answer(topics=20, partitions=50, version=version)
+    resp, out = _passed_on(_broker_frame(answer, version=version), throttle_ms, version)
     assert not resp.decoded and resp.tail is not None
-    expected = _rewritten(answer)
+    expected = _rewritten(answer, version)
     expected["throttle_time_ms"] = max(throttle_ms, 5)  # the broker's own, if it is longer
-    assert _body(out) == expected
+    assert _body(out, version) == expected
+
+
+def test_an_answer_older_than_throttle_time_goes_out_unpatched_when_throttled() -> None:
+    answer = _answer(topics=3, partitions=4, version=2)
+    _resp, out = _passed_on(_broker_frame(answer, version=2), 2500, version=2)
+    assert "throttle_time_ms" not in _body(out, 2)  # v2 has none: the mute alone throttles
+    assert _body(out, 2) == _rewritten(answer, 2)
 
 
 def test_a_stage_that_reads_the_answer_after_the_rewrite_sees_all_of_it() -> None:
